@@ -1,0 +1,147 @@
+"""Known MIG-capable GPU models: canonical keys, exact NVML product names and configuration aliases.
+
+Matching is always *exact* (after trimming, collapsing whitespace, ignoring case and an optional
+"NVIDIA " prefix). HAMi matches allowlist models with a substring test, so "H20" also matches
+"NVIDIA H200" and H200 nodes get the H20 profile list; an exact match cannot make that mistake.
+
+A model groups the simulator SKUs whose MIG profile tables are identical (SXM and PCIe boards of the
+same memory size), so one allowlist entry serves all of them, as in the user guide's defaults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_NVIDIA_PREFIX = "nvidia "
+
+
+@dataclass(frozen=True, slots=True)
+class GpuModel:
+    key: str  # canonical key, e.g. "A100-40GB"
+    skus: tuple[str, ...]  # simulator SKU keys sharing this profile table
+    nvml_names: tuple[str, ...]  # exact nvmlDeviceGetName() values
+    aliases: tuple[str, ...]  # names used in configuration (HAMi's allowlist model strings)
+
+    def identifiers(self) -> tuple[str, ...]:
+        """Every string that names this model in configuration or on the command line."""
+        return (self.key, *self.skus, *self.nvml_names, *self.aliases)
+
+
+KNOWN_MODELS: tuple[GpuModel, ...] = (
+    GpuModel(
+        key="A30-24GB",
+        skus=("A30-24GB",),
+        nvml_names=("NVIDIA A30",),
+        aliases=("A30",),
+    ),
+    GpuModel(
+        key="A100-40GB",
+        skus=("A100-40GB", "A100-PCIE-40GB"),
+        nvml_names=("NVIDIA A100-SXM4-40GB", "NVIDIA A100-PCIE-40GB"),
+        aliases=("A100-SXM4-40GB", "A100-40GB-PCIe"),
+    ),
+    GpuModel(
+        key="A100-80GB",
+        skus=("A100-80GB",),
+        nvml_names=("NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe"),
+        aliases=("A100-80GB-PCIe", "A100-PCIE-80GB"),
+    ),
+    GpuModel(
+        key="H100-80GB",
+        skus=("H100-80GB", "H100-PCIE-80GB"),
+        nvml_names=("NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe"),
+        aliases=("H100-SXM5-80GB",),
+    ),
+    GpuModel(
+        key="H100-94GB",
+        skus=("H100-94GB",),
+        nvml_names=("NVIDIA H100 NVL",),
+        aliases=("H100-PCIE-94GB", "H100-SXM5-94GB"),
+    ),
+    GpuModel(
+        key="H100-96GB",
+        skus=("H100-96GB",),
+        nvml_names=("NVIDIA GH200 480GB",),
+        aliases=("H100 on GH200",),
+    ),
+    GpuModel(
+        # Same profile names as the GH200's H100-96GB but far fewer SMs, so its own model.
+        key="H20-96GB",
+        skus=("H20-96GB",),
+        nvml_names=("NVIDIA H20",),
+        aliases=(),
+    ),
+    GpuModel(
+        key="H200-141GB",
+        skus=("H200-141GB", "H200-NVL-141GB"),
+        nvml_names=("NVIDIA H200", "NVIDIA H200 NVL"),
+        aliases=("H200-SXM5",),
+    ),
+    GpuModel(
+        key="B200-180GB",
+        skus=("B200-180GB",),
+        nvml_names=("NVIDIA B200",),
+        aliases=(),
+    ),
+    GpuModel(
+        key="RTX-PRO-6000",
+        skus=("RTX-PRO-6000",),
+        nvml_names=("NVIDIA RTX PRO 6000 Blackwell Server Edition",),
+        aliases=(),
+    ),
+)
+
+
+def normalize_model_name(name: str) -> str:
+    """Canonical comparison form: trimmed, single spaces, case-folded, without the "NVIDIA " prefix.
+
+    Only the *form* is normalised; the comparison stays an equality test.
+    """
+    folded = " ".join(name.split()).casefold()
+    if folded.startswith(_NVIDIA_PREFIX):
+        folded = folded[len(_NVIDIA_PREFIX) :]
+    return folded
+
+
+def _build_index(models: tuple[GpuModel, ...]) -> dict[str, GpuModel]:
+    index: dict[str, GpuModel] = {}
+    for model in models:
+        for ident in model.identifiers():
+            norm = normalize_model_name(ident)
+            other = index.get(norm)
+            # Two models answering to one name would make matching order-dependent; fail at import.
+            if other is not None and other is not model:
+                raise ValueError(f"model name {ident!r} is claimed by both {other.key} and {model.key}")
+            index[norm] = model
+    return index
+
+
+_BY_IDENTIFIER = _build_index(KNOWN_MODELS)
+_BY_NVML_NAME = {normalize_model_name(n): m for m in KNOWN_MODELS for n in m.nvml_names}
+
+
+def model_for_nvml_name(nvml_name: str) -> GpuModel | None:
+    """The model of a GPU as NVML names it ("NVIDIA H200" or "H200"); None when unknown."""
+    return _BY_NVML_NAME.get(normalize_model_name(nvml_name))
+
+
+def resolve_model(name: str) -> GpuModel | None:
+    """The model a configuration or CLI string names: key, SKU key, NVML name or alias; exact only."""
+    return _BY_IDENTIFIER.get(normalize_model_name(name))
+
+
+def names_match(config_name: str, nvml_name: str) -> bool:
+    """Whether a configuration model string designates a GPU that NVML calls `nvml_name`.
+
+    A known string matches every GPU of its model; an unknown string matches only a GPU whose NVML
+    name is exactly that string (so an admin can still list a GPU this catalog does not know yet).
+    """
+    configured = resolve_model(config_name)
+    gpu_model = model_for_nvml_name(nvml_name)
+    if configured is not None and gpu_model is not None:
+        return configured is gpu_model
+    return normalize_model_name(config_name) == normalize_model_name(nvml_name)
+
+
+def model_keys() -> tuple[str, ...]:
+    return tuple(m.key for m in KNOWN_MODELS)

@@ -1,0 +1,410 @@
+"""`Nvml`: the one NVML interface the rest of flexmig uses.
+
+It drives a pynvml-like library object — the real `pynvml` module or the simulator's
+`SimulatedNvmlLibrary` — through exactly the same calls and ctypes conventions, and turns the results
+into the value types of `driver.nvml.types`. Every `NVMLError` becomes `NvmlError(function, code)`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable, Iterator
+from types import TracebackType
+from typing import Any
+
+from driver.nvml.types import (
+    Architecture,
+    ComputeInstance,
+    GiProfileInfo,
+    GpuInfo,
+    GpuInstance,
+    HealthEvent,
+    HealthEventKind,
+    MigDevice,
+    MigMode,
+    NvmlError,
+    NvmlErrorCode,
+    Placement,
+)
+
+_SKIP_PROFILE = (NvmlErrorCode.NOT_SUPPORTED, NvmlErrorCode.INVALID_ARGUMENT)
+_EMPTY_MIG_INDEX = (NvmlErrorCode.NOT_FOUND, NvmlErrorCode.INVALID_ARGUMENT)
+_ID_ANY = 0xFFFFFFFF
+_MAX_EVENTS_PER_WAIT = 64
+
+
+class Nvml:
+    """Narrow NVML port over a pynvml-compatible `lib` (real module or simulator)."""
+
+    def __init__(self, lib: Any, *, description: str = "") -> None:
+        self._lib = lib
+        self.description = description
+        self._profiles: dict[int, list[GiProfileInfo]] = {}
+        self._event_set: Any = None
+        self._registered: dict[int, int] = {}  # device handle address -> GPU index
+
+    # -- plumbing -----------------------------------------------------------------------------------
+
+    def _call(self, function: str, *args: Any) -> Any:
+        fn: Callable[..., Any] = getattr(self._lib, function)
+        try:
+            return fn(*args)
+        except self._lib.NVMLError as exc:
+            raise NvmlError(function, NvmlErrorCode.from_int(int(exc.value)), str(exc)) from exc
+
+    def _handle(self, index: int) -> Any:
+        return self._call("nvmlDeviceGetHandleByIndex", index)
+
+    def _gi_handle(self, index: int, gi_id: int) -> Any:
+        return self._call("nvmlDeviceGetGpuInstanceById", self._handle(index), gi_id)
+
+    @staticmethod
+    def _address(handle: Any) -> int:
+        return ctypes.cast(handle, ctypes.c_void_p).value or 0
+
+    # -- lifetime -----------------------------------------------------------------------------------
+
+    def init(self) -> None:
+        self._call("nvmlInit")
+
+    def shutdown(self) -> None:
+        if self._event_set is not None:
+            event_set, self._event_set = self._event_set, None
+            self._registered.clear()
+            try:
+                self._call("nvmlEventSetFree", event_set)
+            finally:
+                self._call("nvmlShutdown")
+            return
+        self._call("nvmlShutdown")
+
+    def __enter__(self) -> Nvml:
+        self.init()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.shutdown()
+
+    # -- GPUs -------------------------------------------------------------------------------------------
+
+    def device_count(self) -> int:
+        return int(self._call("nvmlDeviceGetCount"))
+
+    def gpu(self, index: int) -> GpuInfo:
+        h = self._handle(index)
+        memory = self._call("nvmlDeviceGetMemoryInfo", h)
+        pci = self._call("nvmlDeviceGetPciInfo", h)
+        try:
+            arch_code = int(self._call("nvmlDeviceGetArchitecture", h))
+        except NvmlError as exc:
+            if exc.code is not NvmlErrorCode.NOT_SUPPORTED:
+                raise
+            arch_code = -1
+        return GpuInfo(
+            index=index,
+            uuid=str(self._call("nvmlDeviceGetUUID", h)),
+            name=str(self._call("nvmlDeviceGetName", h)),
+            memory_total_mib=int(memory.total) // (1024 * 1024),
+            architecture=self._architecture(arch_code),
+            pci_device_id=int(pci.pciDeviceId) >> 16,  # pciDeviceId = device id << 16 | vendor id
+            minor_number=int(self._call("nvmlDeviceGetMinorNumber", h)),
+            mig_capable=self._mig_mode_or_none(h) is not None,
+        )
+
+    def gpus(self) -> list[GpuInfo]:
+        return [self.gpu(i) for i in range(self.device_count())]
+
+    def _architecture(self, code: int) -> Architecture:
+        names = {
+            getattr(self._lib, "NVML_DEVICE_ARCH_AMPERE", None): Architecture.AMPERE,
+            getattr(self._lib, "NVML_DEVICE_ARCH_HOPPER", None): Architecture.HOPPER,
+            getattr(self._lib, "NVML_DEVICE_ARCH_BLACKWELL", None): Architecture.BLACKWELL,
+        }
+        return names.get(code, Architecture.UNKNOWN)
+
+    # -- MIG mode -------------------------------------------------------------------------------------
+
+    def _mig_mode_or_none(self, handle: Any) -> MigMode | None:
+        try:
+            current, pending = self._call("nvmlDeviceGetMigMode", handle)
+        except NvmlError as exc:
+            if exc.code is NvmlErrorCode.NOT_SUPPORTED:
+                return None
+            raise
+        return MigMode(current=bool(current), pending=bool(pending))
+
+    def mig_mode(self, index: int) -> MigMode:
+        """Current and pending MIG mode; NvmlError(NOT_SUPPORTED) on GPUs without MIG."""
+        current, pending = self._call("nvmlDeviceGetMigMode", self._handle(index))
+        return MigMode(current=bool(current), pending=bool(pending))
+
+    def set_mig_mode(self, index: int, enabled: bool) -> NvmlErrorCode | None:
+        """Request a MIG mode; returns None on success, else the activation failure (not raised)."""
+        mode = self._lib.NVML_DEVICE_MIG_ENABLE if enabled else self._lib.NVML_DEVICE_MIG_DISABLE
+        status = int(self._call("nvmlDeviceSetMigMode", self._handle(index), mode))
+        self._profiles.pop(index, None)  # profile info is only stable for the lifetime of a MIG mode
+        return None if status == 0 else NvmlErrorCode.from_int(status)
+
+    # -- GPU-instance profiles ------------------------------------------------------------------------
+
+    def _placements(self, handle: Any, profile_id: int) -> tuple[Placement, ...]:
+        fn = "nvmlDeviceGetGpuInstancePossiblePlacements"
+        count = ctypes.c_uint(0)
+        self._call(fn, handle, profile_id, None, ctypes.byref(count))
+        buffer = (self._lib.c_nvmlGpuInstancePlacement_t * count.value)()
+        self._call(fn, handle, profile_id, buffer, ctypes.byref(count))
+        return tuple(Placement(int(buffer[i].start), int(buffer[i].size)) for i in range(count.value))
+
+    def gi_profiles(self, index: int) -> list[GiProfileInfo]:
+        """Every GI profile the GPU supports, with all its possible placements."""
+        cached = self._profiles.get(index)
+        if cached is not None:
+            return list(cached)
+        h = self._handle(index)
+        profiles: list[GiProfileInfo] = []
+        for enum_index in range(int(self._lib.NVML_GPU_INSTANCE_PROFILE_COUNT)):
+            try:
+                info = self._call("nvmlDeviceGetGpuInstanceProfileInfo", h, enum_index, 2)
+            except NvmlError as exc:
+                if exc.code in _SKIP_PROFILE:
+                    continue
+                raise
+            placements = self._placements(h, int(info.id))
+            profiles.append(self._profile_info(enum_index, info, placements))
+        if profiles:  # an empty answer may only mean MIG is off; ask again next time
+            self._profiles[index] = profiles
+        return list(profiles)
+
+    @staticmethod
+    def _profile_info(enum_index: int, info: Any, placements: tuple[Placement, ...]) -> GiProfileInfo:
+        name = info.name
+        return GiProfileInfo(
+            enum_index=enum_index,
+            profile_id=int(info.id),
+            compute_slices=int(info.sliceCount),
+            memory_slices=placements[0].size if placements else 0,
+            instance_count=int(info.instanceCount),
+            memory_mib=int(info.memorySizeMB),
+            multiprocessors=int(info.multiprocessorCount),
+            copy_engines=int(info.copyEngineCount),
+            decoders=int(info.decoderCount),
+            encoders=int(info.encoderCount),
+            jpegs=int(info.jpegCount),
+            ofas=int(info.ofaCount),
+            placements=placements,
+            nvml_name=name.decode() if isinstance(name, bytes) else str(name),
+        )
+
+    def gi_profile_by_id(self, index: int, profile_id: int) -> GiProfileInfo:
+        for profile in self.gi_profiles(index):
+            if profile.profile_id == profile_id:
+                return profile
+        # Let NVML produce its own verdict for an id the enumeration did not yield.
+        self._call("nvmlDeviceGetGpuInstanceProfileInfoById", self._handle(index), profile_id)
+        raise NvmlError("nvmlDeviceGetGpuInstanceProfileInfoById", NvmlErrorCode.NOT_SUPPORTED)
+
+    def gi_remaining_capacity(self, index: int, profile_id: int) -> int:
+        return int(self._call("nvmlDeviceGetGpuInstanceRemainingCapacity", self._handle(index), profile_id))
+
+    # -- GPU instances ----------------------------------------------------------------------------------
+
+    def _gi_value(self, index: int, gi_handle: Any) -> GpuInstance:
+        info = self._call("nvmlGpuInstanceGetInfo", gi_handle)
+        placement = Placement(int(info.placement.start), int(info.placement.size))
+        return GpuInstance(
+            gpu_index=index, gi_id=int(info.id), profile_id=int(info.profileId), placement=placement
+        )
+
+    def create_gpu_instance(self, index: int, profile_id: int, start: int) -> GpuInstance:
+        """Create a GI of `profile_id` at memory slice `start` (always with an explicit placement)."""
+        profile = self.gi_profile_by_id(index, profile_id)
+        placement = self._lib.c_nvmlGpuInstancePlacement_t()
+        placement.start, placement.size = start, profile.memory_slices
+        gi = self._call(
+            "nvmlDeviceCreateGpuInstanceWithPlacement",
+            self._handle(index),
+            profile_id,
+            ctypes.byref(placement),
+        )
+        return self._gi_value(index, gi)
+
+    def _gi_handles(self, index: int, profile: GiProfileInfo) -> Iterator[Any]:
+        buffer = (self._lib.c_nvmlGpuInstance_t * max(profile.instance_count, 1))()
+        count = ctypes.c_uint(0)
+        self._call(
+            "nvmlDeviceGetGpuInstances", self._handle(index), profile.profile_id, buffer, ctypes.byref(count)
+        )
+        return (buffer[i] for i in range(count.value))
+
+    def gpu_instances(self, index: int) -> list[GpuInstance]:
+        """All GIs on the GPU (empty when MIG is off)."""
+        mode = self._mig_mode_or_none(self._handle(index))
+        if mode is None or not mode.current:
+            return []
+        found = [
+            self._gi_value(index, h)
+            for profile in self.gi_profiles(index)
+            for h in self._gi_handles(index, profile)
+        ]
+        return sorted(found, key=lambda gi: gi.gi_id)
+
+    def destroy_gpu_instance(self, index: int, gi_id: int) -> None:
+        self._call("nvmlGpuInstanceDestroy", self._gi_handle(index, gi_id))
+
+    # -- compute instances ------------------------------------------------------------------------------
+
+    def _ci_profiles(self, gi_handle: Any) -> list[Any]:
+        found = []
+        shared = self._lib.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+        for enum_index in range(int(self._lib.NVML_COMPUTE_INSTANCE_PROFILE_COUNT)):
+            try:
+                found.append(
+                    self._call(
+                        "nvmlGpuInstanceGetComputeInstanceProfileInfo", gi_handle, enum_index, shared, 2
+                    )
+                )
+            except NvmlError as exc:
+                if exc.code not in _SKIP_PROFILE:
+                    raise
+        return found
+
+    @staticmethod
+    def _ci_value(index: int, gi_id: int, info: Any) -> ComputeInstance:
+        return ComputeInstance(
+            gpu_index=index,
+            gi_id=gi_id,
+            ci_id=int(info.id),
+            profile_id=int(info.profileId),
+            compute_start=int(info.placement.start),
+            compute_size=int(info.placement.size),
+        )
+
+    def create_compute_instance(self, index: int, gi_id: int) -> ComputeInstance:
+        """Create the full-size CI (CI slice count == GI slice count) inside GI `gi_id`."""
+        gi = self._gi_handle(index, gi_id)
+        gi_profile = self.gi_profile_by_id(index, int(self._call("nvmlGpuInstanceGetInfo", gi).profileId))
+        full = [p for p in self._ci_profiles(gi) if int(p.sliceCount) == gi_profile.compute_slices]
+        if not full:
+            raise NvmlError("nvmlGpuInstanceGetComputeInstanceProfileInfo", NvmlErrorCode.NOT_SUPPORTED)
+        ci = self._call("nvmlGpuInstanceCreateComputeInstance", gi, int(full[0].id))
+        return self._ci_value(index, gi_id, self._call("nvmlComputeInstanceGetInfo", ci))
+
+    def compute_instances(self, index: int, gi_id: int) -> list[ComputeInstance]:
+        gi = self._gi_handle(index, gi_id)
+        found: list[ComputeInstance] = []
+        for profile in self._ci_profiles(gi):
+            buffer = (self._lib.c_nvmlComputeInstance_t * max(int(profile.instanceCount), 1))()
+            count = ctypes.c_uint(0)
+            self._call("nvmlGpuInstanceGetComputeInstances", gi, int(profile.id), buffer, ctypes.byref(count))
+            for i in range(count.value):
+                found.append(
+                    self._ci_value(index, gi_id, self._call("nvmlComputeInstanceGetInfo", buffer[i]))
+                )
+        return sorted(found, key=lambda ci: ci.ci_id)
+
+    def destroy_compute_instance(self, index: int, gi_id: int, ci_id: int) -> None:
+        ci = self._call("nvmlGpuInstanceGetComputeInstanceById", self._gi_handle(index, gi_id), ci_id)
+        self._call("nvmlComputeInstanceDestroy", ci)
+
+    # -- MIG devices ------------------------------------------------------------------------------------
+
+    def _mig_handles(self, index: int) -> Iterator[tuple[Any, int, int]]:
+        h = self._handle(index)
+        try:
+            count = int(self._call("nvmlDeviceGetMaxMigDeviceCount", h))
+        except NvmlError as exc:
+            if exc.code is NvmlErrorCode.NOT_SUPPORTED:
+                return
+            raise
+        for i in range(count):
+            try:
+                mig = self._call("nvmlDeviceGetMigDeviceHandleByIndex", h, i)
+            except NvmlError as exc:
+                if exc.code in _EMPTY_MIG_INDEX:  # indices may be sparse
+                    continue
+                raise
+            gi_id = int(self._call("nvmlDeviceGetGpuInstanceId", mig))
+            yield mig, gi_id, int(self._call("nvmlDeviceGetComputeInstanceId", mig))
+
+    def mig_devices(self, index: int) -> list[MigDevice]:
+        return [
+            MigDevice(gpu_index=index, gi_id=gi, ci_id=ci, uuid=str(self._call("nvmlDeviceGetUUID", mig)))
+            for mig, gi, ci in self._mig_handles(index)
+        ]
+
+    def _mig_handle(self, index: int, gi_id: int, ci_id: int) -> Any:
+        for mig, gi, ci in self._mig_handles(index):
+            if (gi, ci) == (gi_id, ci_id):
+                return mig
+        raise NvmlError(
+            "nvmlDeviceGetMigDeviceHandleByIndex", NvmlErrorCode.NOT_FOUND, f"GI {gi_id} CI {ci_id}"
+        )
+
+    def mig_uuid(self, index: int, gi_id: int, ci_id: int) -> str:
+        return str(self._call("nvmlDeviceGetUUID", self._mig_handle(index, gi_id, ci_id)))
+
+    def running_process_count(self, index: int, gi_id: int, ci_id: int) -> int:
+        """Compute processes on the MIG device of (GI, CI)."""
+        mig = self._mig_handle(index, gi_id, ci_id)
+        return len(self._call("nvmlDeviceGetComputeRunningProcesses", mig))
+
+    # -- health -----------------------------------------------------------------------------------------
+
+    def _ensure_event_registration(self) -> None:
+        if self._event_set is None:
+            self._event_set = self._call("nvmlEventSetCreate")
+        xid = int(self._lib.nvmlEventTypeXidCriticalError)
+        wanted = xid | int(self._lib.nvmlEventTypeDoubleBitEccError)
+        for index in range(self.device_count()):
+            h = self._handle(index)
+            if self._address(h) in self._registered:
+                continue
+            try:
+                self._call("nvmlDeviceRegisterEvents", h, wanted, self._event_set)
+            except NvmlError as exc:
+                if exc.code is not NvmlErrorCode.NOT_SUPPORTED:
+                    raise
+                # Some boards lack ECC events; XIDs alone are still worth watching.
+                self._call("nvmlDeviceRegisterEvents", h, xid, self._event_set)
+            self._registered[self._address(h)] = index
+
+    def wait_health_events(self, timeout_ms: int) -> list[HealthEvent]:
+        """Wait up to `timeout_ms` for XID / double-bit ECC events; returns [] on timeout."""
+        self._ensure_event_registration()
+        events: list[HealthEvent] = []
+        wait_ms = timeout_ms
+        while len(events) < _MAX_EVENTS_PER_WAIT:
+            try:
+                data = self._call("nvmlEventSetWait_v2", self._event_set, wait_ms)
+            except NvmlError as exc:
+                if exc.code is NvmlErrorCode.TIMEOUT:
+                    break
+                raise
+            event = self._health_event(data)
+            if event is not None:
+                events.append(event)
+            wait_ms = 0  # drain whatever else is already queued, without waiting again
+        return events
+
+    def _health_event(self, data: Any) -> HealthEvent | None:
+        index = self._registered.get(self._address(data.device))
+        if index is None:
+            return None
+        event_type = int(data.eventType)
+        if event_type & int(self._lib.nvmlEventTypeXidCriticalError):
+            kind, xid = HealthEventKind.XID, int(data.eventData)
+        elif event_type & int(self._lib.nvmlEventTypeDoubleBitEccError):
+            kind, xid = HealthEventKind.ECC_DOUBLE_BIT, 0
+        else:
+            return None
+        gi = int(data.gpuInstanceId)
+        ci = int(data.computeInstanceId)
+        return HealthEvent(
+            gpu_index=index,
+            kind=kind,
+            xid=xid,
+            gi_id=None if gi == _ID_ANY else gi,
+            ci_id=None if ci == _ID_ANY else ci,
+        )

@@ -1,0 +1,87 @@
+"""The policy's inputs and outputs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from driver.catalog.types import GpuCatalog, MigProfile
+from driver.placement.occupancy import Occupancy
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRef:
+    node: str
+    gpu_index: int
+
+    def __str__(self) -> str:
+        return f"{self.node}/gpu-{self.gpu_index}"
+
+
+@dataclass(slots=True)
+class GpuState:
+    """One GPU as the allocator sees it: what it offers and what is already placed on it."""
+
+    ref: GpuRef
+    catalog: GpuCatalog
+    occupancy: Occupancy
+    whole_gpu_taken: bool = False  # the whole-GPU device is allocated: no MIG instance fits
+
+    @property
+    def model(self) -> str:
+        return self.catalog.model
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceRequest:
+    """One device of a pod: a MIG instance with at least `memory_mib`, or a pinned/preferred profile.
+
+    `models` restricts the GPU models (catalog model keys) that may serve it; empty means any.
+    """
+
+    name: str
+    memory_mib: int
+    preferred_profile: str | None = None
+    pinned_profile: str | None = None
+    models: frozenset[str] = field(default_factory=frozenset)
+
+    def __post_init__(self) -> None:
+        if self.memory_mib < 0:
+            raise ValueError(f"request {self.name!r}: memory_mib must be >= 0, got {self.memory_mib}")
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    request: str
+    gpu: GpuRef
+    profile: MigProfile
+    start: int
+
+    def __str__(self) -> str:
+        return f"{self.request} -> {self.gpu} {self.profile.name}@{self.start}"
+
+
+class ShortReason(StrEnum):
+    """Why a pod could not be placed, as surfaced on the pod (most specific first)."""
+
+    NO_PROFILE_BIG_ENOUGH = "NoProfileBigEnough"  # no GPU model has an allowed profile that large
+    NO_FREE_PLACEMENT = "AllPlacementsTaken"  # every GPU that could serve it is full
+    FRAGMENTED = "Fragmented"  # enough free slices exist, but not in a legal placement
+    NO_SINGLE_NODE = "NoSingleNodeFits"  # each device fits somewhere, but not all on one node
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """The policy's answer: one choice per device request, all on one node, or why not."""
+
+    choices: tuple[Choice, ...]
+    reason: ShortReason | None = None
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.reason is None
+
+    @property
+    def node(self) -> str | None:
+        return self.choices[0].gpu.node if self.choices else None

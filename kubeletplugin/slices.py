@@ -1,0 +1,360 @@
+"""Build this node's ResourceSlices (KEP-4815 partitionable devices, 1.35+ layout). Pure: no I/O.
+
+Slices are plain camelCase dicts (`resource.k8s.io/v1` JSON), not `kubernetes.client` models: the client
+sends dicts unchanged, they compare and diff with `==`, and tests read them without a model layer.
+
+Per published GPU i:
+- counter set `gpu-<i>-counter-set`: `memory-slice-<k>` = 1 for every memory slice, plus capacity
+  counters `memory` (Mi), `multiprocessors`, `copy-engines`, `decoders`, `encoders`, `jpegs`, `ofas`;
+- whole-GPU device `gpu-<i>` consuming every counter of the set, so it excludes every MIG device;
+- one MIG device per allowed (profile, placement), consuming the memory slices `[start, start+size)` and
+  its capacities; two placements that overlap share a memory-slice counter, so no counter-honouring
+  allocator can hand out both.
+
+Layout: the pool is named after the node; counter sets go into slices of their own (<=8 sets each, the
+API limit; 1.35+ rejects a slice with both), devices into other slices (<=64 devices each, the limit for
+devices that consume counters). A GPU's devices are kept together in one slice whenever they fit (every
+known model has <=31), and GPUs are packed first-fit in index order so a 16-GPU node needs few objects.
+Slice names are `<node>-gpu.flexmig.dev-<k>`, counter slices first. All slices carry the same
+generation and `resourceSliceCount`, so the scheduler only uses the pool once it sees all of them.
+
+Which GPUs appear (design.md): none when the node's `operatingmode` is not `mig` or the GPU is in
+`filterdevices`. Hopper and newer publish the whole GPU and its MIG devices (MIG mode is switched at
+prepare). GPUs that need a reset to switch MIG mode (Ampere) publish what their *current* mode allows:
+the whole GPU when MIG is off, only MIG devices when it is on.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from api.constants import (
+    DRIVER_NAME,
+    counter_set_name,
+    memory_slice_counter_name,
+    mig_device_name,
+    whole_gpu_device_name,
+)
+from driver.catalog.types import GpuCatalog, MigProfile
+from kubeletplugin.nodeconfig import NodeConfig
+from kubeletplugin.slicelimits import (
+    MAX_ATTRIBUTE_STRING_LENGTH,
+    MAX_COUNTER_SETS_PER_SLICE,
+    MAX_DEVICES_PER_SLICE_WITH_COUNTERS,
+    MAX_NAME_DNS_SUBDOMAIN,
+    validate_pool,
+)
+
+API_VERSION = "resource.k8s.io/v1"
+
+# (counter name [DNS label], capacity name [C identifier], MigProfile attribute)
+_DIMENSIONS: tuple[tuple[str, str, str], ...] = (
+    ("memory", "memory", "memory_mib"),
+    ("multiprocessors", "multiprocessors", "multiprocessors"),
+    ("copy-engines", "copyEngines", "copy_engines"),
+    ("decoders", "decoders", "decoders"),
+    ("encoders", "encoders", "encoders"),
+    ("jpegs", "jpegs", "jpegs"),
+    ("ofas", "ofas", "ofas"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuPublication:
+    """What was published for one GPU, and why, so the plugin can log and report it."""
+
+    gpu_index: int
+    gpu_uuid: str
+    whole: bool
+    mig_devices: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedSlice:
+    name: str
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSlices:
+    slices: tuple[PublishedSlice, ...]
+    gpus: tuple[GpuPublication, ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.slices)
+
+
+def _quantity(counter: str, value: int) -> str:
+    return f"{value}Mi" if counter == "memory" else str(value)
+
+
+def capacity_counter_totals(catalog: GpuCatalog) -> dict[str, int]:
+    return dict(_layout_maxima(catalog.profiles, catalog.memory_slices, catalog.compute_slices))
+
+
+@functools.lru_cache(maxsize=64)  # every GPU of a model has the same answer; the search is ~20 ms
+def _layout_maxima(
+    profiles: tuple[MigProfile, ...], memory_slices: int, compute_slices: int
+) -> tuple[tuple[str, int], ...]:
+    """Capacity-counter values for a GPU's counter set.
+
+    Each must be at least what any layout NVML accepts consumes together, or a counter-honouring
+    allocator would refuse a valid layout; and as small as possible so the counters still mean something
+    (an OFA counter of 7 where only one `+me` instance can exist would be noise). So: the per-dimension
+    maximum over every set of allowed instances with disjoint placements, per-profile instance caps and
+    the GPU's compute-slice budget. Media-engine exclusivity rules are not modelled, which can only make
+    a value larger, never too small. The search is tiny: <=12 memory slices, a few placements each.
+    """
+    by_start: dict[int, list[MigProfile]] = {}
+    for prof in profiles:
+        for pl in prof.placements:
+            by_start.setdefault(pl.start, []).append(prof)
+    width = max([memory_slices, *(pl.end for p in profiles for pl in p.placements)])
+    compute_budget = compute_slices or sum(p.compute_slices for p in profiles)
+    attrs = [attr for _, _, attr in _DIMENSIONS]
+    best = [max((getattr(p, a) for p in profiles), default=0) for a in attrs]
+    used: dict[int, int] = {}
+
+    def visit(x: int, compute: int, sums: list[int]) -> None:
+        for i, v in enumerate(sums):
+            best[i] = max(best[i], v)
+        if x >= width:
+            return
+        visit(x + 1, compute, sums)
+        for prof in by_start.get(x, ()):
+            n = used.get(prof.gi_profile_id, 0)
+            cap = prof.instance_count or width  # 0 means "unknown": stay an upper bound
+            if n >= cap or compute + prof.compute_slices > compute_budget:
+                continue
+            used[prof.gi_profile_id] = n + 1
+            visit(
+                x + prof.memory_slices,
+                compute + prof.compute_slices,
+                [v + getattr(prof, a) for v, a in zip(sums, attrs, strict=True)],
+            )
+            used[prof.gi_profile_id] = n
+
+    visit(0, 0, [0] * len(attrs))
+    return tuple((counter, best[i]) for i, (counter, _, _) in enumerate(_DIMENSIONS))
+
+
+def gpu_decision(catalog: GpuCatalog, mig_enabled: bool, node: NodeConfig) -> tuple[bool, bool, str]:
+    """(publish whole GPU, publish MIG devices, reason) for one GPU."""
+    gpu = catalog.gpu
+    if node.is_filtered(gpu.index, gpu.uuid):
+        return False, False, "excluded by filterdevices"
+    if not node.publishes_mig:
+        return False, False, f"node operatingmode is {node.operating_mode.value!r}, not 'mig'"
+    if gpu.architecture.mig_toggle_needs_reset and mig_enabled:
+        if not catalog.profiles:
+            return False, False, "MIG mode is on (needs a reset to turn off) and no MIG profile is allowed"
+        return False, True, "MIG mode is on and cannot change without a GPU reset: MIG devices only"
+    if not gpu.mig_capable:
+        return True, False, "not MIG-capable: whole GPU only"
+    if gpu.architecture.mig_toggle_needs_reset:
+        return True, False, "MIG mode is off and cannot change without a GPU reset: whole GPU only"
+    if not catalog.profiles:
+        return True, False, "no MIG profile allowed for this model: whole GPU only"
+    return True, True, "whole GPU and MIG devices (MIG mode switched at prepare)"
+
+
+def _attr_str(value: str) -> dict[str, Any]:
+    # Attribute strings are capped at 64 characters by the API; product names are informational.
+    return {"string": value[:MAX_ATTRIBUTE_STRING_LENGTH]}
+
+
+def _common_attributes(catalog: GpuCatalog) -> dict[str, Any]:
+    gpu = catalog.gpu
+    return {
+        "productName": _attr_str(gpu.name),
+        "model": _attr_str(catalog.model),
+        "architecture": _attr_str(gpu.architecture.value),
+        "index": {"int": gpu.index},
+    }
+
+
+def _counter_set(catalog: GpuCatalog, totals: Mapping[str, int]) -> dict[str, Any]:
+    counters = {memory_slice_counter_name(k): {"value": "1"} for k in range(catalog.memory_slices)}
+    for counter, _, _ in _DIMENSIONS:
+        if totals[counter] > 0:  # a counter nobody consumes only adds noise
+            counters[counter] = {"value": _quantity(counter, totals[counter])}
+    return {"name": counter_set_name(catalog.gpu.index), "counters": counters}
+
+
+def _whole_device(catalog: GpuCatalog, counter_set: Mapping[str, Any] | None) -> dict[str, Any]:
+    gpu = catalog.gpu
+    capacity = {"memory": {"value": f"{gpu.memory_total_mib}Mi"}}
+    for _, cap, attr in _DIMENSIONS[1:]:
+        # NVML gives engine/SM counts per MIG profile only; the largest profile is the best whole-GPU figure.
+        capacity[cap] = {"value": str(max((getattr(p, attr) for p in catalog.all_profiles), default=0))}
+    device: dict[str, Any] = {
+        "name": whole_gpu_device_name(gpu.index),
+        "attributes": {
+            "type": _attr_str("gpu"),
+            "uuid": _attr_str(gpu.uuid),
+            **_common_attributes(catalog),
+            "migCapable": {"bool": gpu.mig_capable},
+            "memorySlices": {"int": catalog.memory_slices},
+            "computeSlices": {"int": catalog.compute_slices},
+        },
+        "capacity": capacity,
+    }
+    if counter_set is not None:
+        # Consuming every counter makes the whole GPU and any MIG device mutually exclusive.
+        device["consumesCounters"] = [
+            {"counterSet": counter_set["name"], "counters": dict(counter_set["counters"])}
+        ]
+    return device
+
+
+def _mig_device(
+    catalog: GpuCatalog, profile: MigProfile, start: int, size: int, set_name: str
+) -> dict[str, Any]:
+    gpu = catalog.gpu
+    counters = {memory_slice_counter_name(k): {"value": "1"} for k in range(start, start + size)}
+    capacity: dict[str, Any] = {}
+    for counter, cap, attr in _DIMENSIONS:
+        value = int(getattr(profile, attr))
+        capacity[cap] = {"value": _quantity(counter, value)}
+        if value > 0:
+            counters[counter] = {"value": _quantity(counter, value)}
+    return {
+        "name": mig_device_name(gpu.index, profile.name, profile.gi_profile_id, start),
+        "attributes": {
+            "type": _attr_str("mig"),
+            "parentUUID": _attr_str(gpu.uuid),
+            **_common_attributes(catalog),
+            "profile": _attr_str(profile.name),
+            "giProfileId": {"int": profile.gi_profile_id},
+            "placementStart": {"int": start},
+            "placementSize": {"int": size},
+            "memorySlices": {"int": profile.memory_slices},
+            "computeSlices": {"int": profile.compute_slices},
+        },
+        "capacity": capacity,
+        "consumesCounters": [{"counterSet": set_name, "counters": counters}],
+    }
+
+
+def _gpu_devices(
+    catalog: GpuCatalog, whole: bool, mig: bool
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    counter_set = _counter_set(catalog, capacity_counter_totals(catalog)) if mig else None
+    devices: list[dict[str, Any]] = []
+    if mig and counter_set is not None:
+        # Smallest instances first, whole GPU last: kube-scheduler (scheduler mode) takes the first fit,
+        # so this order makes its fallback choice a best fit instead of burning a whole GPU.
+        ordered = sorted(
+            ((p, pl) for p in catalog.profiles for pl in p.placements),
+            key=lambda item: (
+                item[0].memory_mib,
+                item[0].compute_slices,
+                item[0].gi_profile_id,
+                item[1].start,
+            ),
+        )
+        devices.extend(_mig_device(catalog, p, pl.start, pl.size, counter_set["name"]) for p, pl in ordered)
+    if whole:
+        devices.append(_whole_device(catalog, counter_set))
+    return counter_set, devices
+
+
+def slice_name_prefix(node_name: str) -> str:
+    prefix = f"{node_name}-{DRIVER_NAME}"
+    # Leave room for "-<k>"; a node name near the 253 limit gets a stable hash instead of its tail.
+    if len(prefix) + 6 > MAX_NAME_DNS_SUBDOMAIN:
+        digest = hashlib.sha256(node_name.encode()).hexdigest()[:10]
+        keep = MAX_NAME_DNS_SUBDOMAIN - 6 - len(DRIVER_NAME) - len(digest) - 2
+        prefix = f"{node_name[:keep].rstrip('.-')}-{digest}-{DRIVER_NAME}"
+    return prefix
+
+
+def _pack(groups: Sequence[list[dict[str, Any]]], limit: int) -> list[list[dict[str, Any]]]:
+    """First-fit in order, never splitting a group that fits in one slice."""
+    out: list[list[dict[str, Any]]] = []
+    for group in groups:
+        for i in range(0, len(group), limit):
+            chunk = group[i : i + limit]
+            if out and len(out[-1]) + len(chunk) <= limit:
+                out[-1].extend(chunk)
+            else:
+                out.append(list(chunk))
+    return out
+
+
+def build_node_slices(
+    catalogs: Sequence[GpuCatalog],
+    node_name: str,
+    generation: int,
+    node_config: NodeConfig,
+    mig_enabled: Mapping[int, bool],
+    *,
+    node_uid: str | None = None,
+    max_devices_per_slice: int = MAX_DEVICES_PER_SLICE_WITH_COUNTERS,
+) -> NodeSlices:
+    """All of the node's slices for pool `node_name` at `generation`.
+
+    `mig_enabled` maps GPU index to its *current* MIG mode (missing = off). `node_uid`, when given, makes
+    the Node the slices' owner so they are garbage-collected with it. Raises ValueError if the result
+    would break an API limit, which means a bug or an unknown GPU shape, never a silently bad publish.
+    """
+    if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
+        raise ValueError(f"generation must be a non-negative integer, got {generation!r}")
+    if not 1 <= max_devices_per_slice <= MAX_DEVICES_PER_SLICE_WITH_COUNTERS:
+        raise ValueError(f"max_devices_per_slice must be in 1..{MAX_DEVICES_PER_SLICE_WITH_COUNTERS}")
+    indexes = [c.gpu.index for c in catalogs]
+    if len(set(indexes)) != len(indexes):
+        raise ValueError(f"catalogs contain duplicate GPU indexes: {sorted(indexes)}")
+
+    counter_sets: list[dict[str, Any]] = []
+    device_groups: list[list[dict[str, Any]]] = []
+    report: list[GpuPublication] = []
+    for catalog in sorted(catalogs, key=lambda c: c.gpu.index):
+        whole, mig, reason = gpu_decision(catalog, mig_enabled.get(catalog.gpu.index, False), node_config)
+        counter_set, devices = _gpu_devices(catalog, whole, mig) if whole or mig else (None, [])
+        if counter_set is not None:
+            counter_sets.append(counter_set)
+        if devices:
+            device_groups.append(devices)
+        report.append(
+            GpuPublication(catalog.gpu.index, catalog.gpu.uuid, whole, len(devices) - int(whole), reason)
+        )
+
+    contents: list[tuple[str, list[dict[str, Any]]]] = [
+        ("sharedCounters", counter_sets[i : i + MAX_COUNTER_SETS_PER_SLICE])
+        for i in range(0, len(counter_sets), MAX_COUNTER_SETS_PER_SLICE)
+    ]
+    contents += [("devices", chunk) for chunk in _pack(device_groups, max_devices_per_slice)]
+
+    prefix = slice_name_prefix(node_name)
+    slices: list[PublishedSlice] = []
+    for k, (key, items) in enumerate(contents):
+        name = f"{prefix}-{k}"
+        metadata: dict[str, Any] = {"name": name}
+        if node_uid is not None:
+            metadata["ownerReferences"] = [
+                {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid, "controller": True}
+            ]
+        body = {
+            "apiVersion": API_VERSION,
+            "kind": "ResourceSlice",
+            "metadata": metadata,
+            "spec": {
+                "driver": DRIVER_NAME,
+                "nodeName": node_name,
+                "pool": {"name": node_name, "generation": generation, "resourceSliceCount": len(contents)},
+                key: items,
+            },
+        }
+        slices.append(PublishedSlice(name=name, body=body))
+
+    problems = validate_pool([s.body for s in slices])
+    if problems:
+        raise ValueError("ResourceSlices would violate API limits: " + "; ".join(problems[:10]))
+    return NodeSlices(slices=tuple(slices), gpus=tuple(report))

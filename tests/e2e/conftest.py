@@ -1,0 +1,84 @@
+"""Fixtures for the e2e tests: a real control plane built from the Kubernetes Go modules.
+
+The (possibly long, cold) build of the binaries happens once per session right after collection,
+before any test runs, so it never counts against a single test's timeout. The session-scoped
+`control_plane` fixture then starts etcd + kube-apiserver + kube-controller-manager + kube-scheduler
+and stops them at the end; if any test failed, the control plane's logs are kept and their path is
+printed.
+
+Environment:
+  FLEXMIG_K8S_BIN    use prebuilt binaries from this directory instead of running build.sh
+  FLEXMIG_K8S_CACHE  where build.sh caches binaries (default ~/.cache/flexmig/k8s)
+  FLEXMIG_E2E_KEEP   keep the control plane's temp dir and logs even when all tests pass
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .cluster import ControlPlane, ControlPlaneError, build_binaries
+
+E2E_DIR = Path(__file__).resolve().parent
+
+_build: dict[str, object] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "e2e: runs against a real Kubernetes control plane (tests/e2e)")
+
+
+def _is_e2e(item: pytest.Item) -> bool:
+    return E2E_DIR in Path(str(item.path)).resolve().parents
+
+
+@pytest.hookimpl(trylast=True)  # after -k/-m deselection, so a deselected e2e suite builds nothing
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    e2e_items = [item for item in items if _is_e2e(item)]
+    for item in e2e_items:
+        item.add_marker(pytest.mark.e2e)
+    if not e2e_items or config.option.collectonly or "bin_dir" in _build or "error" in _build:
+        return
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    start = time.monotonic()
+    if reporter is not None:
+        reporter.write_line(
+            "[e2e] building/locating control-plane binaries (tests/e2e/k8sbuild/build.sh) ..."
+        )
+    try:
+        _build["bin_dir"] = build_binaries()
+    except (ControlPlaneError, OSError) as exc:
+        _build["error"] = str(exc)
+    if reporter is not None:
+        reporter.write_line(
+            f"[e2e] binaries: {_build.get('bin_dir', 'BUILD FAILED')} ({time.monotonic() - start:.0f}s)"
+        )
+
+
+@pytest.fixture(scope="session")
+def k8s_bin_dir() -> Path:
+    if "error" in _build:
+        pytest.fail(f"building the control-plane binaries failed:\n{_build['error']}", pytrace=False)
+    if "bin_dir" not in _build:  # e.g. the fixture is used outside tests/e2e
+        _build["bin_dir"] = build_binaries()
+    bin_dir = _build["bin_dir"]
+    assert isinstance(bin_dir, Path)
+    return bin_dir
+
+
+@pytest.fixture(scope="session")
+def control_plane(request: pytest.FixtureRequest, k8s_bin_dir: Path) -> Iterator[ControlPlane]:
+    cp = ControlPlane(k8s_bin_dir)
+    cp.start()
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        timings = ", ".join(f"{k} {v:.1f}s" for k, v in cp.start_seconds.items())
+        reporter.write_line(f"\n[e2e] control plane at {cp.server} ready ({timings}); logs {cp.log_dir}")
+    failed_before = request.session.testsfailed
+    try:
+        yield cp
+    finally:
+        cp.stop(failed=request.session.testsfailed > failed_before)
