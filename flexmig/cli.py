@@ -44,7 +44,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         parser.print_help()
         return 2
-    result: int = func(args)
+    try:
+        result: int = func(args)
+    except BrokenPipeError:
+        # `flexmig layouts ... | head` closed our stdout: not an error worth a traceback.
+        sys.stderr.close()
+        return 0
     return result
 
 

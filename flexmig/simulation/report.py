@@ -27,6 +27,7 @@ def render(results: Sequence[RunResult]) -> str:
         "mean frag",
         "mean mem used %",
         "GI created",
+        "GI leaked",
         "p50 ms",
         "p99 ms",
     ]
@@ -42,6 +43,7 @@ def render(results: Sequence[RunResult]) -> str:
                 f"{mean(r.fragmentation_samples) if r.fragmentation_samples else 0.0:.3f}",
                 f"{100 * mean(r.allocated_memory_samples) if r.allocated_memory_samples else 0.0:.1f}",
                 str(r.nvml_creates),
+                str(r.leaked_instances),
                 f"{1000 * _pct(r.decision_seconds, 0.50):.2f}",
                 f"{1000 * _pct(r.decision_seconds, 0.99):.2f}",
             ]

@@ -54,6 +54,7 @@ class RunResult:
     allocated_memory_samples: list[float] = field(default_factory=list)  # share of MIG memory in use
     nvml_creates: int = 0
     nvml_destroys: int = 0
+    leaked_instances: int = 0  # GPU instances NVML still reports after every pod left (must be 0)
 
     @property
     def acceptance(self) -> float:
@@ -92,6 +93,9 @@ class SimulatedCluster:
         index = realized.choice.gpu.gpu_index
         nvml.destroy_compute_instance(index, realized.gi_id, realized.ci_id)
         nvml.destroy_gpu_instance(index, realized.gi_id)
+
+    def count_instances(self) -> int:
+        return sum(len(nvml.gpu_instances(gpu.index)) for nvml in self.ports.values() for gpu in nvml.gpus())
 
     def close(self) -> None:
         for nvml in self.ports.values():
@@ -150,6 +154,13 @@ def _run_events(
         _sample(cluster.state, result, total_mig_memory)
         if progress is not None and (n % step == 0 or n == len(pods)):
             progress(f"[{policy.name}] {n}/{len(pods)} pods, {result.accepted} placed")
+    # Let every pod leave, then ask NVML itself whether anything is left behind.
+    for realized_list in running.values():
+        for done in realized_list:
+            cluster.destroy(done)
+            cluster.state.release(done.choice.gpu, done.choice.profile, done.choice.start)
+            result.nvml_destroys += 1
+    result.leaked_instances = cluster.count_instances()
 
 
 def _sample(state: ClusterState, result: RunResult, total_slices: int) -> None:

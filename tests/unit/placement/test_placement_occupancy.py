@@ -5,6 +5,8 @@ from __future__ import annotations
 from functools import cache
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from driver.catalog.simulated import simulated_catalog
 from driver.catalog.types import GpuCatalog, MigProfile
@@ -161,3 +163,32 @@ def test_placeable_profiles_shrink_as_gpu_fills() -> None:
     assert [p.name for p in occ.placeable_profiles()] == ["1g.5gb", "2g.10gb", "3g.20gb"]
     assert occ.free_placements(prof(A100, "3g.20gb")) == (Placement(4, 4),)
     assert occ.free_placements(prof(A100, "2g.10gb")) == (Placement(2, 2), Placement(4, 2))
+
+
+@settings(max_examples=150, derandomize=True, deadline=None)
+@given(
+    sku=st.sampled_from(["A100-40GB", "A30-24GB", "RTX-PRO-6000"]),
+    picks=st.lists(st.tuples(st.integers(0, 63), st.integers(0, 15)), max_size=12),
+)
+def test_invariants_hold_for_any_sequence_of_attempts(sku: str, picks: list[tuple[int, int]]) -> None:
+    cat = catalog(sku)
+    occ = Occupancy.for_catalog(cat)
+    for profile_pick, start in picks:
+        profile = cat.all_profiles[profile_pick % len(cat.all_profiles)]
+        if occ.can_place(profile, start):
+            occ = occ.place(profile, start)
+        else:
+            with pytest.raises(OccupancyError):
+                occ.place(profile, start)
+    masks = [i.mask for i in occ.instances]
+    assert sum(bin(m).count("1") for m in masks) == occ.used_memory_slices  # pairwise disjoint
+    assert (
+        occ.used_compute_slices == sum(i.profile.compute_slices for i in occ.instances) <= cat.compute_slices
+    )
+    for p in cat.all_profiles:
+        assert occ.count(p) <= p.instance_count
+        for placement in occ.free_placements(p):
+            assert occ.is_free(placement.start, placement.size)
+    if any(i.profile.name.endswith("+me.all") for i in occ.instances):
+        assert sum(i.profile.name.endswith("+me.all") for i in occ.instances) == 1
+        assert all(i.profile.name.endswith(("-me", "+me.all")) for i in occ.instances)

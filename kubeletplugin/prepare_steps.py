@@ -1,0 +1,115 @@
+"""The NVML side of prepare and unprepare for one device, and the ownership rules behind it.
+
+Ownership is what makes crash recovery safe. A device record in the checkpoint with `created_gi=True`
+means "flexmig issued (or is about to issue) the create of a GI at exactly this profile and placement".
+The preparer only sets it after checking, under the GPU's lock, that nothing occupied that placement, so
+after a crash anywhere between the checkpoint write and recording the GI id, a GI found at exactly that
+placement and profile is ours and may be destroyed. `gi_id` is recorded once known and then wins over
+the placement search. Instances that were there before us are never touched: their placement was not
+free, so the prepare failed before claiming them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from driver.nvml.types import GpuInstance, NvmlError, NvmlErrorCode
+from kubeletplugin.checkpoint import PreparedDeviceRecord
+from kubeletplugin.crashpoints import Crashpoints
+from kubeletplugin.nvmlops import GONE_CODES, NvmlOps
+
+
+class PlacementBusy(Exception):
+    """The allocated placement is occupied by an instance this claim does not own."""
+
+
+@dataclass(frozen=True, slots=True)
+class RealisedMig:
+    gi_id: int
+    ci_id: int
+    mig_uuid: str
+
+
+def find_gi(ops: NvmlOps, rec: PreparedDeviceRecord) -> GpuInstance | None:
+    """The GI that realises `rec`: by recorded id (checked against the placement), else by placement."""
+    for gi in ops.gpu_instances_or_none(rec.gpu_index):
+        same_place = (
+            gi.profile_id == rec.gi_profile_id
+            and gi.placement.start == rec.placement_start
+            and gi.placement.size == rec.placement_size
+        )
+        if rec.gi_id is not None:
+            if gi.gi_id == rec.gi_id and same_place:
+                return gi
+        elif same_place:
+            return gi
+    return None
+
+
+def check_placement_free(ops: NvmlOps, rec: PreparedDeviceRecord, owners: dict[tuple[int, int], str]) -> None:
+    """Raise PlacementBusy when any GI overlaps the record's placement.
+
+    `owners` maps (gpu index, gi id) to the claim that owns it per the checkpoint, for a clearer error:
+    a GI of another claim means the allocation was handed out twice.
+    """
+    assert rec.placement_start is not None and rec.placement_size is not None
+    end = rec.placement_start + rec.placement_size
+    for gi in ops.gpu_instances_or_none(rec.gpu_index):
+        if gi.placement.start < end and rec.placement_start < gi.placement.end:
+            owner = owners.get((rec.gpu_index, gi.gi_id))
+            who = f"claim {owner}" if owner else "an instance flexmig did not create (left untouched)"
+            raise PlacementBusy(
+                f"placement {rec.placement_start}:{rec.placement_size} of GPU {rec.gpu_index} overlaps GI"
+                f" {gi.gi_id} (placement {gi.placement}) held by {who}"
+            )
+
+
+def realise_mig(ops: NvmlOps, rec: PreparedDeviceRecord, crash: Crashpoints) -> RealisedMig:
+    """Create the GI at exactly the allocated placement and one full-size CI in it."""
+    assert rec.gi_profile_id is not None and rec.placement_start is not None
+    gi = ops.create_gpu_instance(rec.gpu_index, rec.gi_profile_id, rec.placement_start)
+    crash.reach("after-gi-create")
+    if gi.placement.start != rec.placement_start or gi.placement.size != rec.placement_size:
+        # NVML placed it elsewhere: not what was allocated, so it must not be used.
+        ops.destroy_gpu_instance(rec.gpu_index, gi.gi_id)
+        raise NvmlError(
+            "nvmlDeviceCreateGpuInstanceWithPlacement",
+            NvmlErrorCode.INVALID_STATE,
+            f"GI {gi.gi_id} created at {gi.placement}, allocated {rec.placement_start}:{rec.placement_size}",
+        )
+    ci = ops.create_compute_instance(rec.gpu_index, gi.gi_id)
+    crash.reach("after-ci-create")
+    return RealisedMig(gi.gi_id, ci.ci_id, ops.mig_uuid(rec.gpu_index, gi.gi_id, ci.ci_id))
+
+
+def destroy_mig(ops: NvmlOps, rec: PreparedDeviceRecord, crash: Crashpoints) -> bool:
+    """Destroy what flexmig created for `rec`: its CIs, then its GI. True when anything was destroyed.
+
+    Gone (NOT_FOUND, or NOT_SUPPORTED because MIG is off) counts as destroyed. IN_USE and every other
+    error propagates as NvmlError, so the caller returns it and kubelet retries. A record that only
+    adopted an instance (created_gi False) destroys nothing.
+    """
+    if not rec.created_gi:
+        return False
+    gi = find_gi(ops, rec)
+    if gi is None:
+        return False
+    try:
+        cis = ops.compute_instances(rec.gpu_index, gi.gi_id)
+    except NvmlError as exc:
+        if exc.code not in GONE_CODES:
+            raise
+        return False
+    for ci in cis:
+        try:
+            ops.destroy_compute_instance(rec.gpu_index, gi.gi_id, ci.ci_id)
+        except NvmlError as exc:
+            if exc.code not in GONE_CODES:
+                raise
+    crash.reach("mid-destroy")
+    try:
+        ops.destroy_gpu_instance(rec.gpu_index, gi.gi_id)
+    except NvmlError as exc:
+        if exc.code not in GONE_CODES:
+            raise
+    return True
