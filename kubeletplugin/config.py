@@ -170,14 +170,18 @@ def _check_nvml(flag: Flag, value: str) -> str:
         if not Path(path).is_file():
             raise ConfigError(f"{flag.label()}: simulator state file {path!r} does not exist")
         return f"sim:{path}"
-    raise ConfigError(f'{flag.label()}: {value!r} is not an NVML backend; allowed: "real", "sim:<state file>"')
+    raise ConfigError(
+        f'{flag.label()}: {value!r} is not an NVML backend; allowed: "real", "sim:<state file>"'
+    )
 
 
 def _metrics_port(flag: Flag, value: str) -> int | None:
     try:
         port = int(value)
     except ValueError:
-        raise ConfigError(f"{flag.label()}: {value!r} is not an integer; allowed: -1 (off), 0..65535") from None
+        raise ConfigError(
+            f"{flag.label()}: {value!r} is not an integer; allowed: -1 (off), 0..65535"
+        ) from None
     if port == -1:
         return None
     if not 0 <= port <= 65535:
@@ -195,7 +199,9 @@ def load_config(args: argparse.Namespace, env: Mapping[str, str] | None = None) 
     if not node:
         raise ConfigError(f"{by_name['node-name'].label()}: required (the Node object's name)")
     if len(node) > 253 or not _DNS_SUBDOMAIN_RE.match(node):
-        raise ConfigError(f"{by_name['node-name'].label()}: {node!r} is not a valid node name (DNS subdomain)")
+        raise ConfigError(
+            f"{by_name['node-name'].label()}: {node!r} is not a valid node name (DNS subdomain)"
+        )
 
     dirs = {n: _abs_dir(by_name[n], raw[n]) for n in ("registry-dir", "plugins-dir", "cdi-dir")}
     files = {n: _abs_dir(by_name[n], raw[n]) for n in ("checkpoint-path", "boot-id-path")}

@@ -83,7 +83,9 @@ class MigModeManager:
         if not mode.current:
             return
         if not self.can_toggle(index):
-            raise MigModeError(f"GPU {index} is in MIG mode and needs a reset to leave it; whole GPU unusable")
+            raise MigModeError(
+                f"GPU {index} is in MIG mode and needs a reset to leave it; whole GPU unusable"
+            )
         if self._ops.gpu_instances_or_none(index):
             raise MigModeError(f"GPU {index} still has MIG instances; the whole GPU is not free")
         self._switch(index, False)
@@ -101,7 +103,11 @@ class MigModeManager:
                 return
             self._switch(index, False)
         except (NvmlError, MigModeError) as exc:
-            log.warning("could not switch MIG mode off after the last instance was destroyed", gpu=index, error=str(exc))
+            log.warning(
+                "could not switch MIG mode off after the last instance was destroyed",
+                gpu=index,
+                error=str(exc),
+            )
 
     def _switch(self, index: int, enabled: bool) -> None:
         key = (index, enabled)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from driver.catalog.types import MigProfile
+from driver.nvml.types import Placement as PlacementSpan
 from driver.placement.choice import ProfileChoiceError, candidate_profiles
 from driver.placement.occupancy import Occupancy
 from driver.policy.capacity import CapacityVector
@@ -26,12 +27,15 @@ class Policy(Protocol):
 
 
 def _serves(gpu: GpuState, request: DeviceRequest) -> bool:
-    return not request.models or gpu.model in request.models
+    if request.models and gpu.model not in request.models:
+        return False
+    allowed = request.allowed(gpu.ref)
+    return allowed is None or bool(allowed)
 
 
 def _profiles_for(gpu: GpuState, request: DeviceRequest) -> tuple[MigProfile, ...]:
     try:
-        return candidate_profiles(
+        profiles = candidate_profiles(
             gpu.catalog.profiles,
             request.memory_mib,
             preferred=request.preferred_profile,
@@ -39,6 +43,21 @@ def _profiles_for(gpu: GpuState, request: DeviceRequest) -> tuple[MigProfile, ..
         )
     except ProfileChoiceError:
         return ()
+    allowed = request.allowed(gpu.ref)
+    if allowed is None:
+        return profiles
+    return tuple(p for p in profiles if any((p.name, pl.start) in allowed for pl in p.placements))
+
+
+def _free_placements(
+    gpu: GpuState, occ: Occupancy, profile: MigProfile, request: DeviceRequest
+) -> tuple[PlacementSpan, ...]:
+    """Free placements of `profile` on `gpu` that the request's device filter admits."""
+    free = occ.free_placements(profile)
+    allowed = request.allowed(gpu.ref)
+    if allowed is None:
+        return free
+    return tuple(p for p in free if (profile.name, p.start) in allowed)
 
 
 def explain_failure(cluster: ClusterState, requests: Sequence[DeviceRequest]) -> Placement:
@@ -83,7 +102,7 @@ def explain_failure(cluster: ClusterState, requests: Sequence[DeviceRequest]) ->
 
 
 def _any_free(gpu: GpuState, request: DeviceRequest) -> bool:
-    return any(gpu.occupancy.free_placements(p) for p in _profiles_for(gpu, request))
+    return any(_free_placements(gpu, gpu.occupancy, p, request) for p in _profiles_for(gpu, request))
 
 
 def _order(requests: Sequence[DeviceRequest]) -> list[DeviceRequest]:
@@ -148,7 +167,7 @@ class PackingPolicy:
                     continue
                 occ = occupancies[gpu.ref]
                 for rank, profile in enumerate(_profiles_for(gpu, request)):
-                    for placement in occ.free_placements(profile):
+                    for placement in _free_placements(gpu, occ, profile, request):
                         after = occ.place(profile, placement.start)
                         vec = cluster.capacity.vector(gpu.catalog, after)
                         loss = sum(
@@ -199,7 +218,7 @@ class FirstFitPolicy:
             if gpu.whole_gpu_taken or not _serves(gpu, request):
                 continue
             for profile in _profiles_for(gpu, request):
-                free = occupancies[gpu.ref].free_placements(profile)
+                free = _free_placements(gpu, occupancies[gpu.ref], profile, request)
                 if free:
                     return Choice(request.name, gpu.ref, profile, free[0].start)
         return None

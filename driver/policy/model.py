@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Set
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -32,11 +33,21 @@ class GpuState:
         return self.catalog.model
 
 
+DeviceFilter = Callable[[GpuRef], Set[tuple[str, int]] | None]
+"""Which (profile name, placement start) pairs of a GPU a request may use; None = no restriction.
+
+The controller builds one from the claim's CEL selectors (only devices that are published and match
+may be allocated); the policy stays free of Kubernetes and CEL.
+"""
+
+
 @dataclass(frozen=True, slots=True)
 class DeviceRequest:
     """One device of a pod: a MIG instance with at least `memory_mib`, or a pinned/preferred profile.
 
     `models` restricts the GPU models (catalog model keys) that may serve it; empty means any.
+    `device_filter`, when set, further restricts the (profile, start) pairs per GPU; an empty set
+    means the GPU cannot serve the request at all.
     """
 
     name: str
@@ -44,6 +55,10 @@ class DeviceRequest:
     preferred_profile: str | None = None
     pinned_profile: str | None = None
     models: frozenset[str] = field(default_factory=frozenset)
+    device_filter: DeviceFilter | None = field(default=None, compare=False)
+
+    def allowed(self, ref: GpuRef) -> Set[tuple[str, int]] | None:
+        return None if self.device_filter is None else self.device_filter(ref)
 
     def __post_init__(self) -> None:
         if self.memory_mib < 0:

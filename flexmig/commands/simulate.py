@@ -25,14 +25,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "through NVML, and prints acceptance, fragmentation and decision latency."
         ),
     )
-    parser.add_argument("--nodes", type=int, default=4, help="simulated nodes (default 4)")
+    parser.add_argument("--nodes", type=int, default=6, help="simulated nodes (default 6)")
     parser.add_argument("--gpus-per-node", type=int, default=2, help="GPUs per node (default 2)")
     parser.add_argument(
         "--models",
         default=DEFAULT_MODELS,
         help=f"comma-separated GPU models, assigned to nodes round-robin (default {DEFAULT_MODELS})",
     )
-    parser.add_argument("--pods", type=int, default=400, help="pods in the stream (default 400)")
+    parser.add_argument("--pods", type=int, default=500, help="pods in the stream (default 500)")
     parser.add_argument("--seed", type=int, default=1, help="workload seed (default 1)")
     parser.add_argument(
         "--policy",

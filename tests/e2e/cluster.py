@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import ctypes
 import datetime as dt
 import ipaddress
 import json
@@ -235,6 +236,19 @@ def free_port() -> int:
         return port
 
 
+def _die_with_parent() -> None:
+    """preexec_fn: have the kernel SIGKILL the child when the thread that started it dies.
+
+    Keeps a killed test run (SIGKILL, timeout) from leaking control-plane processes, which run in
+    their own session. So start a ControlPlane from a thread that outlives it (e.g. the main one).
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 @dataclass
 class Component:
     name: str
@@ -253,6 +267,7 @@ class Component:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=_die_with_parent,
             env=dict(env) if env is not None else None,
         )
 
@@ -425,6 +440,30 @@ class ControlPlane:
             config_file=str(kubeconfig or self.kubeconfig)
         )
 
+    def helm(
+        self, *args: str, kubeconfig: Path | None = None, timeout_s: float = 300.0, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        """Run the built `helm` against this cluster (helm's own state lives in the temp dir)."""
+        home = self.workdir / "helm"
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(kubeconfig or self.kubeconfig),
+            "HELM_CACHE_HOME": str(home / "cache"),
+            "HELM_CONFIG_HOME": str(home / "config"),
+            "HELM_DATA_HOME": str(home / "data"),
+        }
+        proc = subprocess.run(
+            [self._bin("helm"), *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+        if check and proc.returncode != 0:
+            raise ControlPlaneError(f"helm {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
+        return proc
+
     def _ssl_context(self) -> ssl.SSLContext:
         ctx = ssl.create_default_context(cafile=str(self.ca_file))
         ctx.load_cert_chain(str(self.pki_dir / "admin.crt"), str(self.pki_dir / "admin.key"))
@@ -550,6 +589,9 @@ class ControlPlane:
                 f"--etcd-servers={etcd_url}",
                 "--bind-address=127.0.0.1",
                 "--advertise-address=127.0.0.1",
+                # A loopback advertise address is refused by the lease endpoint reconciler; nothing
+                # here reaches the apiserver through the in-cluster `kubernetes` Service anyway.
+                "--endpoint-reconciler-type=none",
                 f"--secure-port={self.apiserver_port}",
                 f"--tls-cert-file={pki / 'apiserver.crt'}",
                 f"--tls-private-key-file={pki / 'apiserver.key'}",
@@ -669,15 +711,19 @@ class ControlPlane:
         for comp in self.components:
             comp.check_alive()
 
-    def stop(self, failed: bool = False) -> None:
-        """Stop all components (SIGTERM, then SIGKILL); remove the temp data unless `failed`."""
+    def stop(self, failed: bool = False) -> Path | None:
+        """Stop all components (SIGTERM, then SIGKILL); remove the temp data unless `failed`.
+
+        Returns the kept log directory (also printed), or None when everything was removed.
+        """
         for comp in reversed(self.components):
             comp.stop()
         self.components.clear()
         if failed or os.environ.get("FLEXMIG_E2E_KEEP"):
             print(f"\n[e2e] control-plane data and logs kept in {self.workdir} (logs: {self.log_dir})")
-        else:
-            shutil.rmtree(self.workdir, ignore_errors=True)
+            return self.log_dir
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        return None
 
     def __enter__(self) -> ControlPlane:
         return self.start()

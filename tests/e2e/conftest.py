@@ -14,6 +14,8 @@ Environment:
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,11 +37,17 @@ def _is_e2e(item: pytest.Item) -> bool:
     return E2E_DIR in Path(str(item.path)).resolve().parents
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselection, so `-m "not e2e"` sees the marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if _is_e2e(item):
+            item.add_marker(pytest.mark.e2e)
+
+
 @pytest.hookimpl(trylast=True)  # after -k/-m deselection, so a deselected e2e suite builds nothing
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    e2e_items = [item for item in items if _is_e2e(item)]
-    for item in e2e_items:
-        item.add_marker(pytest.mark.e2e)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    config = session.config
+    e2e_items = [item for item in session.items if _is_e2e(item)]
     if not e2e_items or config.option.collectonly or "bin_dir" in _build or "error" in _build:
         return
     reporter = config.pluginmanager.get_plugin("terminalreporter")
@@ -50,7 +58,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         )
     try:
         _build["bin_dir"] = build_binaries()
-    except (ControlPlaneError, OSError) as exc:
+    except (ControlPlaneError, OSError, subprocess.SubprocessError) as exc:
         _build["error"] = str(exc)
     if reporter is not None:
         reporter.write_line(
@@ -69,16 +77,27 @@ def k8s_bin_dir() -> Path:
     return bin_dir
 
 
+@contextlib.contextmanager
+def _uncaptured(config: pytest.Config) -> Iterator[None]:
+    """Let a fixture's message reach the terminal even while pytest captures output."""
+    capman = config.pluginmanager.get_plugin("capturemanager")
+    if capman is None:
+        yield
+        return
+    with capman.global_and_fixture_disabled():
+        yield
+
+
 @pytest.fixture(scope="session")
 def control_plane(request: pytest.FixtureRequest, k8s_bin_dir: Path) -> Iterator[ControlPlane]:
     cp = ControlPlane(k8s_bin_dir)
-    cp.start()
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
+    with _uncaptured(request.config):
+        cp.start()  # on failure it stops itself, keeps its logs and prints where they are
         timings = ", ".join(f"{k} {v:.1f}s" for k, v in cp.start_seconds.items())
-        reporter.write_line(f"\n[e2e] control plane at {cp.server} ready ({timings}); logs {cp.log_dir}")
+        print(f"\n[e2e] control plane at {cp.server} ready ({timings}); logs {cp.log_dir}")
     failed_before = request.session.testsfailed
     try:
         yield cp
     finally:
-        cp.stop(failed=request.session.testsfailed > failed_before)
+        with _uncaptured(request.config):
+            cp.stop(failed=request.session.testsfailed > failed_before)

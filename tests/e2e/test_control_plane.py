@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
@@ -287,3 +288,25 @@ def test_scheduler_allocates_claim_and_honours_counters(api: Any, gpu_node: dict
     gpu_claim = resource.read_namespaced_resource_claim("gpu-claim", ns)
     assert not (gpu_claim.status and gpu_claim.status.allocation)
     assert not node_name("gpu-pod")
+
+
+def test_helm_installs_chart(control_plane: ControlPlane, api: Any, tmp_path: Path) -> None:
+    chart = tmp_path / "smoke"
+    (chart / "templates").mkdir(parents=True)
+    (chart / "Chart.yaml").write_text(
+        "apiVersion: v2\nname: smoke\nversion: 0.1.0\nkubeVersion: '>=1.37.0-0'\n"
+    )
+    (chart / "templates" / "cm.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}-cm\n"
+        "data:\n  kube: {{ .Capabilities.KubeVersion.Version | quote }}\n"
+    )
+    ns = f"e2e-helm-{uuid.uuid4().hex[:6]}"
+    control_plane.helm(
+        "install", "smoke", str(chart), "-n", ns, "--create-namespace", "--wait", "--timeout", "60s"
+    )
+    cm = k8s.CoreV1Api(api).read_namespaced_config_map("smoke-cm", ns)
+    assert cm.data == {"kube": "v1.37.2"}
+    listed = control_plane.helm("list", "-n", ns, "-q").stdout.split()
+    assert listed == ["smoke"]
+    control_plane.helm("uninstall", "smoke", "-n", ns, "--wait")
+    k8s.CoreV1Api(api).delete_namespace(ns)

@@ -14,7 +14,7 @@ import json
 import os
 import tempfile
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +106,9 @@ class SimState:
         return None
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        result = _plain(self)
+        assert isinstance(result, dict)
+        return result
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> SimState:
@@ -146,10 +148,20 @@ class SimState:
         )
 
 
-def _without_counts(state: SimState) -> dict[str, Any]:
-    raw = state.to_json()
-    raw.pop("call_counts")
-    return raw
+def _plain(value: Any) -> Any:
+    """The state tree as JSON data. Every leaf is a primitive, so unlike `dataclasses.asdict` no
+    deep copy is needed; this runs on every simulated NVML call."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return {name: _plain(item) for name, item in vars(value).items()}
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    return value
+
+
+def _without_counts(raw: dict[str, Any]) -> dict[str, Any]:
+    return {key: item for key, item in raw.items() if key != "call_counts"}
 
 
 class StateFile:
@@ -172,15 +184,24 @@ class StateFile:
             # Closing the descriptor releases the flock, also when the process is killed.
             os.close(fd)
 
-    def _load(self) -> SimState:
+    def _load_raw(self) -> dict[str, Any]:
         with self.path.open("r", encoding="utf-8") as f:
-            return SimState.from_json(json.load(f))
+            raw = json.load(f)
+        if not isinstance(raw, dict):
+            raise ValueError(f"simulator state {self.path} is not a JSON object")
+        return raw
+
+    def _load(self) -> SimState:
+        return SimState.from_json(self._load_raw())
 
     def _store(self, state: SimState, *, durable: bool = True) -> None:
+        self._store_raw(state.to_json(), durable=durable)
+
+    def _store_raw(self, raw: dict[str, Any], *, durable: bool) -> None:
         fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp", dir=self.path.parent)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(state.to_json(), f, indent=1, sort_keys=True)
+                f.write(json.dumps(raw, indent=1, sort_keys=True))
                 f.flush()
                 if durable:
                     os.fsync(f.fileno())
@@ -199,10 +220,11 @@ class StateFile:
         cost an fsync per NVML call for bookkeeping nobody needs after a power loss.
         """
         with self._locked():
-            state = self._load()
-            before = _without_counts(state)
+            before = self._load_raw()
+            state = SimState.from_json(before)
             yield state
-            self._store(state, durable=_without_counts(state) != before)
+            after = state.to_json()
+            self._store_raw(after, durable=_without_counts(after) != _without_counts(before))
 
     def read(self) -> SimState:
         """A consistent snapshot (taken under the lock, not written back)."""

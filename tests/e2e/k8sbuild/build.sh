@@ -50,6 +50,7 @@ check_pin helm/go.mod "helm.sh/helm/${helm_major}" "$HELM_VERSION"
 mkdir -p "$cache_root"
 work="$(mktemp -d "$cache_root/.build-${key}.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
+chmod 755 "$work"
 mkdir -p "$work/bin" "$work/src"
 
 export GOFLAGS=-mod=mod CGO_ENABLED=0

@@ -1,0 +1,390 @@
+"""The allocation loop (mode `controller`): gated pods -> allocated claims -> gate removed.
+
+One thread owns all state: it applies watch events to the stores and the ledger, then places the
+gated pods that became dirty (new, or capacity changed since they last failed), oldest first, and
+deallocates claims whose pods are gone. Only the leader writes; a standby keeps its cache warm.
+
+Per pod: resolve its claims (template-generated ones through pod.status.resourceClaimStatuses),
+decide all unallocated claims at once (`Decider`), assume the devices in the ledger so that the next
+pod cannot get them, then write each claim (finalizer + pod annotation, then status.allocation, both
+with the resourceVersion the decision was based on), then the pod (mirror annotation, gate removed).
+A conflict on any claim rolls back the claims already written and retries the pod from fresh state:
+nothing is ever allocated twice, and a pod gets all of its claims or none.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from kubernetes.client.exceptions import ApiException
+
+from api.constants import ANNOTATION_MIG_ALLOCATIONS, DRIVER_NAME
+from controller.cel import CelEnvironment
+from controller.deallocate import deallocate, has_finalizer, needs_attention
+from controller.decide import ClaimAllocation, Decider, Decision, node_selector
+from controller.inventory import DeviceKey, Inventory
+from controller.ledger import Ledger
+from controller.metrics import ControllerMetrics, Snapshot, instance_rows
+from controller.podclaims import (
+    ClaimsPending,
+    claim_names,
+    is_gated,
+    is_terminal,
+    mirror_annotation,
+    referenced_claims,
+)
+from controller.requests import CandidateIndex
+from controller.watchcache import Event, WatchCache, object_key
+from controller.writer import CONDITION_TYPE, Writer, is_conflict, is_not_found
+from driver.policy.allocator import PackingPolicy, Policy
+
+log = structlog.get_logger(__name__)
+
+Obj = dict[str, Any]
+RESYNC_S = 30.0
+
+
+def allocated_devices(claim: Mapping[str, Any] | None) -> list[DeviceKey]:
+    results = (((claim or {}).get("status") or {}).get("allocation") or {}).get("devices", {}).get(
+        "results"
+    ) or ()
+    return [(r["pool"], r["device"]) for r in results if r.get("driver") == DRIVER_NAME]
+
+
+@dataclass(slots=True)
+class Pending:
+    first_seen: float
+    reason: str = ""
+    message: str = ""
+
+
+class Controller:
+    def __init__(
+        self,
+        cache: WatchCache,
+        writer: Writer | None,
+        *,
+        policy: Policy | None = None,
+        metrics: ControllerMetrics | None = None,
+        is_leader: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self.cache = cache
+        self.writer = writer
+        self.policy = policy or PackingPolicy()
+        self.metrics = metrics or ControllerMetrics()
+        self.is_leader = is_leader
+        self.cel = CelEnvironment()
+        self.ledger = Ledger(Inventory(()))
+        self.index = CandidateIndex(self.ledger.inventory, self.cel)
+        self.pending: dict[str, Pending] = {}
+        self.dirty: set[str] = set()
+        self.claims_to_check: set[str] = set()
+        self.pods_by_uid: dict[str, Obj] = {}
+        self._slices_dirty = False
+        self._last_resync = 0.0
+
+    # --- events -------------------------------------------------------------------------------------
+
+    def apply(self, events: list[Event]) -> None:
+        capacity_changed = False
+        for event in events:
+            for key, old, new in self.cache.stores[event.resource].apply(event):
+                capacity_changed |= self._on_change(event.resource, key, old, new)
+        if self._slices_dirty and self.cache.stores["resourceslices"].synced:
+            self._rebuild()
+            capacity_changed = True
+        if capacity_changed:
+            self.dirty |= set(self.pending)
+
+    def _on_change(self, resource: str, key: str, old: Obj | None, new: Obj | None) -> bool:
+        if resource == "resourceslices":
+            self._slices_dirty = True
+            return False
+        if resource == "deviceclasses":
+            self.index = CandidateIndex(self.ledger.inventory, self.cel)
+            return True
+        if resource == "nodes":
+            return True
+        if resource == "resourceclaims":
+            obj = new or old
+            assert obj is not None
+            uid = obj["metadata"]["uid"]
+            before = len(self.ledger.owners)
+            if new is None:
+                self.ledger.forget(uid)
+            else:
+                self.ledger.observe(uid, allocated_devices(new))
+            if has_finalizer(obj):
+                self.claims_to_check.add(key)
+            # A new claim may be what a pending pod waited for.
+            self.dirty |= {k for k, p in self.pending.items() if p.reason == "WaitingForClaims"}
+            return len(self.ledger.owners) < before
+        if resource == "pods":
+            obj = new or old
+            assert obj is not None
+            uid = obj["metadata"].get("uid", "")
+            if new is None or is_terminal(new):
+                self.pods_by_uid.pop(uid, None)
+                self.pending.pop(key, None)
+                self.claims_to_check |= referenced_claims(obj)
+                return False
+            self.pods_by_uid[uid] = new
+            if is_gated(new):
+                self.dirty.add(key)
+                self.pending.setdefault(key, Pending(time.monotonic()))
+            else:
+                self.pending.pop(key, None)
+        return False
+
+    def _rebuild(self) -> None:
+        started = time.monotonic()
+        inventory = Inventory(self.cache["resourceslices"].values())
+        self.ledger = self.ledger.rebuilt(inventory)
+        self.cel.clear_memos()
+        self.index = CandidateIndex(inventory, self.cel)
+        self._slices_dirty = False
+        log.info(
+            "inventory rebuilt",
+            pools=len(inventory.pools),
+            gpus=len(inventory.gpus),
+            seconds=round(time.monotonic() - started, 3),
+        )
+
+    # --- main loop ----------------------------------------------------------------------------------
+
+    def run(self, stop: Callable[[], bool]) -> None:
+        self.cache.start()
+        while not stop():
+            self.apply(self.cache.next_batch(timeout_s=1.0))
+            self.step()
+        self.cache.stop()
+
+    def step(self) -> None:
+        """Work on what is dirty (only when synced and leading); publish metrics."""
+        if not self.cache.synced:
+            return
+        now = time.monotonic()
+        if now - self._last_resync > RESYNC_S:
+            self._last_resync = now
+            self.dirty |= set(self.pending)
+            self.claims_to_check |= {k for k, c in self.cache["resourceclaims"].items() if has_finalizer(c)}
+        if self.is_leader() and self.writer is not None:
+            for key in sorted(
+                self.dirty, key=lambda k: self.pending[k].first_seen if k in self.pending else 0
+            ):
+                self.dirty.discard(key)
+                self._guard("allocate", self._process_pod, key)
+            for key in sorted(self.claims_to_check):
+                self.claims_to_check.discard(key)
+                self._guard("deallocate", self._check_claim, key)
+        self._publish()
+
+    def _guard(self, stage: str, fn: Callable[[str], None], key: str) -> None:
+        try:
+            fn(key)
+        except Exception as exc:  # one bad object must not stop the loop; it is retried on resync
+            self.metrics.reconcile_errors.labels(stage).inc()
+            log.exception("reconcile failed", stage=stage, key=key, error=str(exc))
+
+    def _publish(self) -> None:
+        gated: dict[str, int] = {}
+        for p in self.pending.values():
+            gated[p.reason or "Pending"] = gated.get(p.reason or "Pending", 0) + 1
+        pools = {name: pool.node for name, pool in self.ledger.inventory.pools.items()}
+        self.metrics.publish(
+            Snapshot(
+                gpus=tuple(self.ledger.cluster.gpus()),
+                instances=tuple(instance_rows(self.cache["resourceclaims"].values(), pools)),
+                gated=gated,
+            )
+        )
+
+    # --- allocation ---------------------------------------------------------------------------------
+
+    def _node_filter(self, pod: Obj, allocated: list[Obj]) -> Callable[[str], bool]:
+        nodes = self.cache["nodes"]
+        wanted = (pod.get("spec") or {}).get("nodeSelector") or {}
+        pinned: set[str] | None = None
+        for claim in allocated:  # claims allocated elsewhere fix the node for the rest
+            for term in (claim["status"]["allocation"].get("nodeSelector") or {}).get(
+                "nodeSelectorTerms"
+            ) or ():
+                for field in term.get("matchFields") or ():
+                    if field.get("key") == "metadata.name" and field.get("operator") == "In":
+                        values = set(field.get("values") or ())
+                        pinned = values if pinned is None else pinned & values
+
+        def ok(node: str) -> bool:
+            obj = nodes.get(node)
+            if obj is None or (obj.get("spec") or {}).get("unschedulable"):
+                return False
+            labels = obj["metadata"].get("labels") or {}
+            if any(labels.get(k) != v for k, v in wanted.items()):
+                return False
+            return pinned is None or node in pinned
+
+        return ok
+
+    def _process_pod(self, key: str) -> None:
+        pod = self.cache["pods"].get(key)
+        if pod is None or not is_gated(pod):
+            self.pending.pop(key, None)
+            return
+        pending = self.pending.setdefault(key, Pending(time.monotonic()))
+        ns = pod["metadata"]["namespace"]
+        try:
+            names = claim_names(pod)
+            claims = {entry: self.cache["resourceclaims"][f"{ns}/{name}"] for entry, name in names.items()}
+        except (ClaimsPending, KeyError) as exc:
+            self._unplaced(pod, pending, "WaitingForClaims", f"waiting for the pod's claims: {exc}")
+            return
+        todo = [c for c in claims.values() if not (c.get("status") or {}).get("allocation")]
+        if todo:
+            allocated = [c for c in claims.values() if c not in todo]
+            started = time.perf_counter()
+            decision = Decider(self.ledger, self.index, self.policy).decide(
+                todo, self.cache["deviceclasses"], node_ok=self._node_filter(pod, allocated)
+            )
+            self.metrics.decision_latency.observe(time.perf_counter() - started)
+            if not decision.ok:
+                self._unplaced(pod, pending, str(decision.reason), decision.message)
+                return
+            written = self._write_claims(pod, decision)
+            if written is None:
+                self.dirty.add(key)  # conflict: decide again from the fresh state
+                return
+            claims.update(
+                {
+                    e: written[c["metadata"]["uid"]]
+                    for e, c in claims.items()
+                    if c["metadata"]["uid"] in written
+                }
+            )
+        self._release(pod, pending, claims)
+
+    def _write_claims(self, pod: Obj, decision: Decision) -> dict[str, Obj] | None:
+        assert self.writer is not None and decision.node is not None
+        for alloc in decision.allocations:
+            self.ledger.assume(alloc.uid, alloc.keys)
+        done: list[Obj] = []
+        protected: list[Obj] = []
+        try:
+            for alloc in decision.allocations:
+                claim = self.writer.protect_claim(alloc.claim, pod["metadata"]["uid"])
+                protected.append(claim)
+                claim = self.writer.write_allocation(claim, self._allocation(alloc, decision.node))
+                protected.pop()
+                done.append(claim)
+        except ApiException as exc:
+            if not (is_conflict(exc) or is_not_found(exc)):
+                self._rollback(done, protected, decision.allocations)
+                raise
+            self.metrics.conflicts.inc()
+            log.info("claim changed while allocating, retrying", pod=object_key(pod), status=exc.status)
+            self._rollback(done, protected, decision.allocations)
+            return None
+        out = {}
+        for claim in done:
+            self.cache.stores["resourceclaims"].apply(Event("resourceclaims", "MODIFIED", obj=claim))
+            self.ledger.observe(claim["metadata"]["uid"], allocated_devices(claim))
+            out[claim["metadata"]["uid"]] = claim
+        return out
+
+    @staticmethod
+    def _allocation(alloc: ClaimAllocation, node: str) -> dict[str, Any]:
+        devices: dict[str, Any] = {"results": alloc.results}
+        if alloc.config:
+            devices["config"] = alloc.config
+        return {"devices": devices, "nodeSelector": node_selector(node)}
+
+    def _rollback(self, done: list[Obj], protected: list[Obj], allocs: list[ClaimAllocation]) -> None:
+        assert self.writer is not None
+        for claim in done:
+            try:
+                self.writer.unprotect_claim(self.writer.write_allocation(claim, None))
+            except ApiException as exc:  # left for the deallocation pass, which sees our finalizer
+                log.warning("rollback failed", claim=object_key(claim), error=str(exc))
+        for claim in protected:
+            try:
+                self.writer.unprotect_claim(claim)
+            except ApiException as exc:
+                log.warning("rollback failed", claim=object_key(claim), error=str(exc))
+        for alloc in allocs:
+            self.ledger.forget(alloc.uid)
+        for alloc in allocs:  # back to what the API last showed us
+            current = self.cache["resourceclaims"].get(object_key(alloc.claim))
+            if current is not None:
+                self.ledger.observe(alloc.uid, allocated_devices(current))
+
+    def _release(self, pod: Obj, pending: Pending, claims: dict[str, Obj]) -> None:
+        assert self.writer is not None
+        annotations: dict[str, str] = {}
+        mirror = mirror_annotation(pod, claims, self.ledger.inventory)
+        if mirror is not None:
+            annotations[ANNOTATION_MIG_ALLOCATIONS] = mirror
+        try:
+            released = self.writer.release_pod(pod, annotations)
+        except ApiException as exc:
+            if is_conflict(exc):
+                self.metrics.conflicts.inc()
+                self.dirty.add(object_key(pod))  # claims stay allocated; the retry only releases
+                return
+            raise
+        self.cache.stores["pods"].apply(Event("pods", "MODIFIED", obj=released))
+        self.pending.pop(object_key(pod), None)
+        self.metrics.allocation_latency.observe(time.monotonic() - pending.first_seen)
+        nodes = {
+            f["values"][0]
+            for c in claims.values()
+            for t in (((c.get("status") or {}).get("allocation") or {}).get("nodeSelector") or {}).get(
+                "nodeSelectorTerms"
+            )
+            or ()
+            for f in t.get("matchFields") or ()
+        }
+        log.info("pod released", pod=object_key(pod), nodes=sorted(nodes), claims=sorted(claims))
+        if pending.reason:
+            self.writer.set_condition(
+                released, "True", "Allocated", f"allocated on {', '.join(sorted(nodes))}"
+            )
+
+    def _unplaced(self, pod: Obj, pending: Pending, reason: str, message: str) -> None:
+        if (pending.reason, pending.message) == (reason, message):
+            return  # already surfaced; retried when capacity changes
+        pending.reason, pending.message = reason, message
+        log.info("pod not placed", pod=object_key(pod), reason=reason, message=message)
+        if reason == "WaitingForClaims" or self.writer is None:
+            return
+        self.writer.set_condition(pod, "False", reason, message)
+        self.writer.event(pod, "Pod", "Warning", "FailedAllocation", f"{reason}: {message}")
+
+    # --- deallocation -------------------------------------------------------------------------------
+
+    def _check_claim(self, key: str) -> None:
+        claim = self.cache["resourceclaims"].get(key)
+        if claim is None:
+            return
+        live_refs: set[str] = set()
+        for pod in self.pods_by_uid.values():
+            live_refs |= referenced_claims(pod)
+        action = needs_attention(claim, lambda uid: uid in self.pods_by_uid, lambda k: k in live_refs)
+        if action is None:
+            return
+        assert self.writer is not None
+        try:
+            result = deallocate(self.writer, claim, action, self.pods_by_uid)
+        except ApiException as exc:
+            if is_conflict(exc) or is_not_found(exc):
+                return  # the watch brings the new version, which is checked again
+            raise
+        if result is not None:
+            self.cache.stores["resourceclaims"].apply(Event("resourceclaims", "MODIFIED", obj=result))
+            self.ledger.observe(result["metadata"]["uid"], allocated_devices(result))
+        self.dirty |= set(self.pending)
+
+
+__all__ = ["CONDITION_TYPE", "Controller"]

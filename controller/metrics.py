@@ -1,0 +1,162 @@
+"""Controller metrics on :31993 (`hami_node_gpu_mig_instance_info` and flexmig's own).
+
+Gauges that describe the cluster are computed at scrape time from an immutable snapshot the controller
+thread publishes after each batch of events (occupancies are immutable values, so the scrape thread
+never sees half an update and never takes the controller's time).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Gauge, Histogram
+from prometheus_client import Counter as PromCounter
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from api.constants import DRIVER_NAME, parse_device_name
+from driver.placement.fragmentation import fragmentation
+from driver.policy.model import GpuRef, GpuState
+
+INSTANCE_INFO_LABELS = (
+    "node",
+    "device_uuid",
+    "device_index",
+    "mig_uuid",
+    "profile",
+    "gpu_instance_id",
+    "compute_instance_id",
+    "placement_start",
+    "placement_size",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    gpus: tuple[GpuState, ...] = ()
+    instances: tuple[tuple[str, ...], ...] = ()
+    gated: Mapping[str, int] = field(default_factory=dict)
+
+
+def instance_rows(
+    claims: Iterable[Mapping[str, Any]], pool_nodes: Mapping[str, str | None]
+) -> list[tuple[str, ...]]:
+    """One label tuple per realised instance, from the identity nodes write into status.devices[].data."""
+    rows: list[tuple[str, ...]] = []
+    for claim in claims:
+        for dev in (claim.get("status") or {}).get("devices") or ():
+            data = dev.get("data")
+            if dev.get("driver") != DRIVER_NAME or not isinstance(data, Mapping) or not data.get("migUUID"):
+                continue
+            try:
+                index = str(parse_device_name(str(dev.get("device"))).gpu_index)
+            except ValueError:
+                index = ""
+            placement = data.get("placement") or {}
+            rows.append(
+                (
+                    pool_nodes.get(str(dev.get("pool"))) or str(dev.get("pool")),
+                    str(data.get("parentUUID", "")),
+                    index,
+                    str(data.get("migUUID")),
+                    str(data.get("profile", "")),
+                    str(data.get("gpuInstanceID", "")),
+                    str(data.get("computeInstanceID", "")),
+                    str(placement.get("start", "")),
+                    str(placement.get("size", "")),
+                )
+            )
+    return rows
+
+
+class _SnapshotCollector(Collector):
+    def __init__(self, owner: ControllerMetrics) -> None:
+        self.owner = owner
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        snap = self.owner.snapshot
+        info = GaugeMetricFamily(
+            "hami_node_gpu_mig_instance_info",
+            "A MIG instance realised for a pod (1 per instance)",
+            labels=INSTANCE_INFO_LABELS,
+        )
+        for row in snap.instances:
+            info.add_metric(list(row), 1.0)
+        yield info
+        gated = GaugeMetricFamily(
+            "flexmig_gated_pods", "Pods the controller could not place yet, by reason", labels=["reason"]
+        )
+        for reason, n in sorted(snap.gated.items()):
+            gated.add_metric([reason], n)
+        yield gated
+        free = GaugeMetricFamily(
+            "flexmig_free_placements",
+            "Free legal placements per profile and node",
+            labels=["node", "profile"],
+        )
+        frag_gpu = GaugeMetricFamily(
+            "flexmig_gpu_fragmentation",
+            "Share of a GPU's free capacity placement rules make unusable",
+            labels=["node", "device_index"],
+        )
+        frag_node = GaugeMetricFamily(
+            "flexmig_node_fragmentation", "Mean GPU fragmentation of a node", labels=["node"]
+        )
+        per_node_free: Counter[tuple[str, str]] = Counter()
+        per_node_frag: dict[str, list[float]] = {}
+        for gpu in snap.gpus:
+            ref: GpuRef = gpu.ref
+            value = 0.0 if gpu.whole_gpu_taken else fragmentation(gpu.occupancy)
+            frag_gpu.add_metric([ref.node, str(ref.gpu_index)], value)
+            per_node_frag.setdefault(ref.node, []).append(value)
+            for profile in gpu.catalog.profiles:
+                n = 0 if gpu.whole_gpu_taken else len(gpu.occupancy.free_placements(profile))
+                per_node_free[(ref.node, profile.name)] += n
+        for (node, profile_name), n in sorted(per_node_free.items()):
+            free.add_metric([node, profile_name], n)
+        for node, values in sorted(per_node_frag.items()):
+            frag_node.add_metric([node], sum(values) / len(values))
+        yield free
+        yield frag_gpu
+        yield frag_node
+
+
+class ControllerMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.snapshot = Snapshot()
+        self.allocation_latency = Histogram(
+            "flexmig_allocation_latency_seconds",
+            "From first seeing a gated pod to removing its gate",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+            registry=self.registry,
+        )
+        self.decision_latency = Histogram(
+            "flexmig_decision_latency_seconds",
+            "Time to decide one pod's placement (no I/O)",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1),
+            registry=self.registry,
+        )
+        self.reconcile_errors = PromCounter(
+            "flexmig_reconcile_errors", "Failed reconcile steps, by stage", ["stage"], registry=self.registry
+        )
+        self.conflicts = PromCounter(
+            "flexmig_write_conflicts",
+            "Optimistic-concurrency conflicts (re-read and retried)",
+            registry=self.registry,
+        )
+        self.leader = Gauge(
+            "flexmig_leader", "1 while this replica holds the leader lease", registry=self.registry
+        )
+        self.registry.register(_SnapshotCollector(self))
+
+    def publish(self, snapshot: Snapshot) -> None:
+        self.snapshot = snapshot
+
+
+def dump_rows(rows: Iterable[tuple[str, ...]]) -> str:
+    return json.dumps([dict(zip(INSTANCE_INFO_LABELS, r, strict=True)) for r in rows])

@@ -1,0 +1,93 @@
+"""A pod's claims by name, and the `hami.io/vgpu-mig-allocations` mirror of what it was given."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from api.constants import ALLOCATION_GATE, DRIVER_NAME, DeviceKind
+from controller.inventory import Inventory
+from driver.migannotation import MigAllocationRecord, encode_mig_allocations
+
+Obj = Mapping[str, Any]
+
+
+class ClaimsPending(Exception):
+    """A claim the pod needs does not exist yet (template not instantiated, or not in the cache)."""
+
+
+def is_gated(pod: Obj) -> bool:
+    gates = (pod.get("spec") or {}).get("schedulingGates") or ()
+    return any(g.get("name") == ALLOCATION_GATE for g in gates)
+
+
+def is_terminal(pod: Obj) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
+def claim_names(pod: Obj) -> dict[str, str]:
+    """Pod claim entry name -> ResourceClaim name; raises ClaimsPending while one is unknown."""
+    statuses = {s.get("name"): s for s in (pod.get("status") or {}).get("resourceClaimStatuses") or ()}
+    out: dict[str, str] = {}
+    for entry in (pod.get("spec") or {}).get("resourceClaims") or ():
+        if entry.get("resourceClaimName"):
+            out[entry["name"]] = entry["resourceClaimName"]
+        elif entry.get("resourceClaimTemplateName"):
+            status = statuses.get(entry["name"])
+            if status is None:
+                raise ClaimsPending(f"claim for {entry['name']!r} not generated from its template yet")
+            if status.get("resourceClaimName"):  # unset: no claim needed for this entry
+                out[entry["name"]] = status["resourceClaimName"]
+    return out
+
+
+def referenced_claims(pod: Obj) -> set[str]:
+    """namespace/name of every claim the pod references (best effort, never raises)."""
+    ns = pod["metadata"].get("namespace")
+    names = {e.get("resourceClaimName") for e in (pod.get("spec") or {}).get("resourceClaims") or ()}
+    names |= {
+        s.get("resourceClaimName") for s in (pod.get("status") or {}).get("resourceClaimStatuses") or ()
+    }
+    return {f"{ns}/{n}" for n in names if n}
+
+
+def mirror_annotation(pod: Obj, claims: Mapping[str, Obj], inventory: Inventory) -> str | None:
+    """HAMi's annotation: per container (init first), the MIG devices it uses; no runtime fields.
+
+    `claims` maps pod claim entry name -> claim. None when the pod uses no flexmig MIG device.
+    """
+    spec = pod.get("spec") or {}
+    containers = list(spec.get("initContainers") or ()) + list(spec.get("containers") or ())
+    records: list[MigAllocationRecord] = []
+    for ci, container in enumerate(containers):
+        device_index = 0
+        for ref in (container.get("resources") or {}).get("claims") or ():
+            claim = claims.get(ref.get("name"))
+            if claim is None:
+                continue
+            wanted = ref.get("request")
+            results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get(
+                "results"
+            ) or ()
+            for result in results:
+                if result.get("driver") != DRIVER_NAME:
+                    continue
+                request = str(result.get("request", ""))
+                if wanted and request != wanted and not request.startswith(wanted + "/"):
+                    continue
+                dev = inventory.device((result["pool"], result["device"]))
+                if dev is None or dev.kind is not DeviceKind.MIG or dev.profile is None:
+                    continue
+                gpu = inventory.gpus.get(dev.gpu) if dev.gpu is not None else None
+                records.append(
+                    MigAllocationRecord(
+                        container_index=ci,
+                        device_index=device_index,
+                        gpu_uuid=gpu.uuid if gpu is not None else str(dev.attribute("parentUUID")),
+                        profile=dev.profile,
+                        placement_start=dev.start or 0,
+                        placement_size=dev.size or 1,
+                    )
+                )
+                device_index += 1
+    return encode_mig_allocations(records) if records else None

@@ -1,0 +1,219 @@
+"""A pod's claims -> the device requests the policy places (candidate filtering by CEL selectors).
+
+For every request of every claim (`exactly`, or each `firstAvailable` subrequest in order) this finds
+the published MIG devices its DeviceClass selectors and its own selectors admit, and hands the policy a
+`DeviceRequest` whose `device_filter` admits exactly those (profile, placement) pairs per GPU. A request
+with `count: N` becomes N policy requests. The per-GPU candidate sets are cached per selector set until
+the published devices change, so a thousand pods asking for the same class cost one scan.
+
+What the controller does not allocate is refused with a message naming the field, never guessed at:
+`allocationMode: All` (MIG placements overlap, so "every matching device" cannot be allocated
+together), `adminAccess`, consumable `capacity` requests, and requests that only whole GPUs match.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence, Set
+from dataclasses import dataclass, field
+from typing import Any
+
+from api.constants import DRIVER_NAME, DeviceKind
+from controller.cel import CelCompileError, CelEnvironment, DeviceSelector
+from controller.inventory import Inventory, PublishedDevice
+from driver.policy.model import DeviceRequest, GpuRef
+
+MAX_COUNT = 32  # the API's limit on results per claim
+
+
+class RequestError(ValueError):
+    """A claim asks for something the controller cannot allocate; the message names the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class Alternative:
+    """One way to satisfy a claim request: `exactly`, or one `firstAvailable` subrequest."""
+
+    result_name: str  # "gpu" or "gpu/sub", as written in allocation results
+    class_name: str
+    selectors: tuple[str, ...]  # class selectors first, then the request's
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    claim: str  # namespace/name
+    name: str
+    alternatives: tuple[Alternative, ...]
+
+
+@dataclass(slots=True)
+class Candidates:
+    """The published MIG devices one selector set admits, per GPU."""
+
+    per_gpu: dict[GpuRef, frozenset[tuple[str, int]]]
+    min_memory_mib: int
+    whole_only: bool
+    errors: list[str] = field(default_factory=list)
+
+
+def _spec_requests(claim: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return list(((claim.get("spec") or {}).get("devices") or {}).get("requests") or [])
+
+
+def _selectors(obj: Mapping[str, Any] | None) -> tuple[str, ...]:
+    out = []
+    for sel in (obj or {}).get("selectors") or ():
+        expr = (sel.get("cel") or {}).get("expression")
+        if expr:
+            out.append(str(expr))
+    return tuple(out)
+
+
+def _alternative(
+    where: str, result_name: str, body: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]]
+) -> Alternative:
+    class_name = body.get("deviceClassName")
+    if not class_name:
+        raise RequestError(f"{where}.deviceClassName is required")
+    device_class = classes.get(class_name)
+    if device_class is None:
+        raise RequestError(f"{where}.deviceClassName: DeviceClass {class_name!r} does not exist")
+    mode = body.get("allocationMode") or "ExactCount"
+    if mode != "ExactCount":
+        raise RequestError(
+            f"{where}.allocationMode {mode!r} is not supported for MIG devices (overlapping placements "
+            "cannot all be allocated); allowed: ExactCount"
+        )
+    if body.get("adminAccess"):
+        raise RequestError(f"{where}.adminAccess is not supported by the flexmig controller")
+    if (body.get("capacity") or {}).get("requests"):
+        raise RequestError(f"{where}.capacity: MIG devices are not shareable; remove capacity requests")
+    count = body.get("count", 1)
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_COUNT:
+        raise RequestError(f"{where}.count must be an integer in 1..{MAX_COUNT}, got {count!r}")
+    return Alternative(
+        result_name,
+        class_name,
+        _selectors(device_class.get("spec")) + _selectors(body),
+        count,
+    )
+
+
+def claim_requests(claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]]) -> list[ClaimRequest]:
+    """The requests of one claim with their alternatives (RequestError for what cannot be served)."""
+    meta = claim.get("metadata") or {}
+    key = f"{meta.get('namespace')}/{meta.get('name')}"
+    out = []
+    for i, req in enumerate(_spec_requests(claim)):
+        name = req.get("name") or f"#{i}"
+        where = f"claim {key} spec.devices.requests[{name}]"
+        alts: tuple[Alternative, ...]
+        if req.get("exactly"):
+            alts = (_alternative(f"{where}.exactly", name, req["exactly"], classes),)
+        elif req.get("firstAvailable"):
+            alts = tuple(
+                _alternative(
+                    f"{where}.firstAvailable[{sub.get('name')}]", f"{name}/{sub.get('name')}", sub, classes
+                )
+                for sub in req["firstAvailable"]
+            )
+        else:
+            raise RequestError(f"{where}: one of exactly or firstAvailable is required")
+        out.append(ClaimRequest(key, name, alts))
+    if not out:
+        raise RequestError(f"claim {key} has no device requests")
+    return out
+
+
+class CandidateIndex:
+    """Per selector set, the matching published MIG devices of every GPU (cached per inventory)."""
+
+    def __init__(self, inventory: Inventory, cel_env: CelEnvironment) -> None:
+        self.inventory = inventory
+        self.cel = cel_env
+        self._cache: dict[tuple[str, ...], Candidates] = {}
+
+    def _compiled(self, selectors: Sequence[str]) -> list[DeviceSelector]:
+        try:
+            return [self.cel.compile(s) for s in selectors]
+        except CelCompileError as exc:
+            raise RequestError(str(exc)) from exc
+
+    def _match(self, compiled: Sequence[DeviceSelector], dev: PublishedDevice, errors: list[str]) -> bool:
+        for sel in compiled:
+            verdict = sel.evaluate(dev.cel)
+            if verdict is True:
+                continue
+            if isinstance(verdict, str) and len(errors) < 3 and verdict not in errors:
+                errors.append(verdict)
+            return False
+        return True
+
+    def candidates(self, selectors: tuple[str, ...]) -> Candidates:
+        hit = self._cache.get(selectors)
+        if hit is not None:
+            return hit
+        compiled = self._compiled(selectors)
+        errors: list[str] = []
+        per_gpu: dict[GpuRef, frozenset[tuple[str, int]]] = {}
+        interned: dict[frozenset[tuple[str, int]], frozenset[tuple[str, int]]] = {}
+        min_memory: int | None = None
+        whole_match = False
+        for gpu in self.inventory.gpus.values():
+            pool = self.inventory.pools[gpu.pool]
+            allowed = set()
+            for (profile, start), name in gpu.mig_devices.items():
+                if self._match(compiled, pool.devices[name], errors):
+                    allowed.add((profile, start))
+            if gpu.whole_device is not None and not whole_match:
+                whole_match = self._match(compiled, pool.devices[gpu.whole_device], errors)
+            if allowed:
+                frozen = frozenset(allowed)
+                per_gpu[gpu.ref] = interned.setdefault(frozen, frozen)  # identical GPUs share one set
+                names = {p for p, _ in allowed}
+                for prof in gpu.catalog.profiles:
+                    if prof.name in names and (min_memory is None or prof.memory_mib < min_memory):
+                        min_memory = prof.memory_mib
+        result = Candidates(per_gpu, min_memory or 0, whole_match and not per_gpu, errors)
+        self._cache[selectors] = result
+        return result
+
+    def device_request(self, name: str, alt: Alternative) -> tuple[DeviceRequest, Candidates]:
+        cands = self.candidates(alt.selectors)
+        per_gpu = cands.per_gpu
+        empty: frozenset[tuple[str, int]] = frozenset()
+
+        def allowed(ref: GpuRef) -> Set[tuple[str, int]]:
+            return per_gpu.get(ref, empty)
+
+        return DeviceRequest(name, cands.min_memory_mib, device_filter=allowed), cands
+
+
+def device_kind(dev: PublishedDevice | None) -> DeviceKind | None:
+    return None if dev is None else dev.kind
+
+
+def allocation_config(
+    claim: Mapping[str, Any],
+    classes: Mapping[str, Mapping[str, Any]],
+    chosen: Mapping[str, Alternative],
+) -> list[dict[str, Any]]:
+    """status.allocation.devices.config: class configs (FromClass) then the claim's (FromClaim)."""
+    out: list[dict[str, Any]] = []
+    for request, alt in chosen.items():
+        spec = (classes.get(alt.class_name) or {}).get("spec") or {}
+        for cfg in spec.get("config") or ():
+            if cfg.get("opaque"):
+                out.append({"source": "FromClass", "requests": [request], "opaque": cfg["opaque"]})
+    for cfg in ((claim.get("spec") or {}).get("devices") or {}).get("config") or ():
+        if not cfg.get("opaque"):
+            continue
+        entry: dict[str, Any] = {"source": "FromClaim", "opaque": cfg["opaque"]}
+        if cfg.get("requests"):
+            entry["requests"] = list(cfg["requests"])
+        out.append(entry)
+    return out
+
+
+def is_our_driver(result: Mapping[str, Any]) -> bool:
+    return result.get("driver") == DRIVER_NAME

@@ -1,0 +1,58 @@
+"""Raw JSON requests through the `kubernetes` client's transport (auth, TLS, retries).
+
+The generated typed methods validate a dict body into a pydantic model first, which loses camelCase
+fields it does not map (a claim's `spec` came out `null`, which the API rejects as a spec change), so
+every write goes through here with the JSON exactly as built.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+JSON = "application/json"
+MERGE_PATCH = "application/merge-patch+json"
+
+
+def request(
+    api_client: Any,
+    method: str,
+    path: str,
+    body: Any = None,
+    *,
+    content_type: str = JSON,
+    query: list[tuple[str, str]] | None = None,
+    timeout_s: float = 30.0,
+) -> dict[str, Any]:
+    """One request; the decoded response body, or ApiException (status 409, 404, ...)."""
+    headers = {"Accept": JSON, "Content-Type": content_type}
+    m, url, hdrs, payload, _ = api_client.param_serialize(
+        method=method,
+        resource_path=path,
+        query_params=query or [],
+        header_params=headers,
+        body=body,
+        auth_settings=["BearerToken"],
+    )
+    resp = api_client.call_api(m, url, header_params=hdrs, body=payload, _request_timeout=timeout_s)
+    resp.read()
+    if not 200 <= resp.status <= 299:
+        raise ApiException(http_resp=resp)
+    data: dict[str, Any] = json.loads(resp.data) if resp.data else {}
+    return data
+
+
+def claim_path(namespace: str, name: str, sub: str = "") -> str:
+    return f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}" + (
+        f"/{sub}" if sub else ""
+    )
+
+
+def pod_path(namespace: str, name: str, sub: str = "") -> str:
+    return f"/api/v1/namespaces/{namespace}/pods/{name}" + (f"/{sub}" if sub else "")
+
+
+def lease_path(namespace: str, name: str = "") -> str:
+    return f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases" + (f"/{name}" if name else "")

@@ -1,0 +1,229 @@
+"""List+watch reflectors feeding one event queue, and the stores the controller thread keeps from it.
+
+Each resource gets a reflector thread: LIST (raw JSON, no model layer: thousands of slices deserialised
+into pydantic models would cost seconds and hundreds of MB), then WATCH from the list's resourceVersion
+with bookmarks, resuming from the last version seen after a dropped connection and relisting when the
+server answers 410 Gone (the version was compacted). Failures back off exponentially with jitter.
+
+Reflectors never touch shared state: they put events on a queue, and the single controller thread
+applies them (`WatchCache.apply`). A relist arrives as one REPLACE event, from which the store computes
+deletions it missed, so the view converges to the server's even across 410s.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from kubernetes.watch.watch import iter_resp_lines
+
+log = structlog.get_logger(__name__)
+
+Obj = dict[str, Any]
+ListFn = Callable[..., Any]
+
+WATCH_TIMEOUT_S = 300
+BACKOFF_START_S = 0.5
+BACKOFF_MAX_S = 30.0
+
+
+class GoneError(Exception):
+    """The watch's resourceVersion is too old (HTTP 410): relist."""
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    resource: str
+    kind: str  # ADDED, MODIFIED, DELETED, REPLACE
+    obj: Obj | None = None
+    items: tuple[Obj, ...] = ()
+
+
+def object_key(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    ns = meta.get("namespace")
+    return f"{ns}/{meta.get('name')}" if ns else str(meta.get("name"))
+
+
+class Reflector(threading.Thread):
+    """LIST + WATCH one resource into `events`."""
+
+    def __init__(
+        self, resource: str, list_fn: ListFn, events: queue.Queue[Event], stop: threading.Event
+    ) -> None:
+        super().__init__(name=f"reflector-{resource}", daemon=True)
+        self.resource = resource
+        self.list_fn = list_fn
+        self.events = events
+        self.stop_event = stop
+        self.resource_version = ""
+        self.relists = 0
+        self._backoff = BACKOFF_START_S
+
+    def run(self) -> None:
+        need_list = True
+        while not self.stop_event.is_set():
+            try:
+                if need_list:
+                    self._list()
+                    need_list = False
+                self._watch()
+                self._backoff = BACKOFF_START_S  # a watch that ended normally (timeout) is healthy
+            except GoneError:
+                log.info("watch expired, relisting", resource=self.resource)
+                need_list = True
+            except Exception as exc:
+                if self.stop_event.is_set():
+                    return
+                status = getattr(exc, "status", None)
+                if status == 410:
+                    need_list = True
+                    continue
+                delay = self._backoff * (1 + random.random() / 2)
+                log.warning(
+                    "list/watch failed, backing off",
+                    resource=self.resource,
+                    error=str(exc),
+                    delay_s=round(delay, 2),
+                )
+                self.stop_event.wait(delay)
+                self._backoff = min(self._backoff * 2, BACKOFF_MAX_S)
+
+    def _list(self) -> None:
+        resp = self.list_fn(_preload_content=False)
+        body = json.loads(resp.data)
+        self.resource_version = body["metadata"]["resourceVersion"]
+        self.relists += 1
+        self.events.put(Event(self.resource, "REPLACE", items=tuple(body.get("items") or ())))
+
+    def _lines(self) -> Iterator[str]:
+        resp = self.list_fn(
+            _preload_content=False,
+            watch=True,
+            allow_watch_bookmarks=True,
+            resource_version=self.resource_version,
+            timeout_seconds=WATCH_TIMEOUT_S,
+            _request_timeout=(10, WATCH_TIMEOUT_S + 30),
+        )
+        try:
+            yield from iter_resp_lines(resp)  # type: ignore[no-untyped-call]
+        finally:
+            resp.close()
+            resp.release_conn()
+
+    def _watch(self) -> None:
+        for line in self._lines():
+            if self.stop_event.is_set():
+                return
+            if not line:
+                continue
+            event = json.loads(line)
+            kind, obj = event.get("type"), event.get("object") or {}
+            if kind == "ERROR":
+                if obj.get("code") == 410:
+                    raise GoneError()
+                raise RuntimeError(f"watch error: {obj.get('message')}")
+            rv = (obj.get("metadata") or {}).get("resourceVersion")
+            if rv:
+                self.resource_version = rv
+            if kind == "BOOKMARK":
+                continue  # only advances the resume point
+            self.events.put(Event(self.resource, str(kind), obj=obj))
+
+
+class Store:
+    """Objects of one resource by namespace/name (cluster-scoped: by name)."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, Obj] = {}
+        self.synced = False
+
+    def apply(self, event: Event) -> list[tuple[str, Obj | None, Obj | None]]:
+        """Apply one event; returns (key, old, new) per changed object (new None = deleted)."""
+        if event.kind == "REPLACE":
+            fresh = {object_key(o): o for o in event.items}
+            changes: list[tuple[str, Obj | None, Obj | None]] = [
+                (k, old, None) for k, old in self.objects.items() if k not in fresh
+            ]
+            for k, new in fresh.items():
+                old = self.objects.get(k)
+                if old is None or old.get("metadata", {}).get("resourceVersion") != new["metadata"].get(
+                    "resourceVersion"
+                ):
+                    changes.append((k, old, new))
+            self.objects = fresh
+            self.synced = True
+            return changes
+        assert event.obj is not None
+        key = object_key(event.obj)
+        old = self.objects.get(key)
+        if event.kind == "DELETED":
+            self.objects.pop(key, None)
+            return [(key, old, None)]
+        self.objects[key] = event.obj
+        return [(key, old, event.obj)]
+
+
+RESOURCES = ("resourceslices", "resourceclaims", "deviceclasses", "pods", "nodes")
+
+
+class WatchCache:
+    """The stores of every resource the controller reads, fed by reflectors through one queue."""
+
+    def __init__(self, list_fns: Mapping[str, ListFn]) -> None:
+        self.events: queue.Queue[Event] = queue.Queue()
+        self.stop_event = threading.Event()
+        self.stores = {name: Store() for name in list_fns}
+        self.reflectors = [Reflector(name, fn, self.events, self.stop_event) for name, fn in list_fns.items()]
+
+    @classmethod
+    def for_api(cls, api_client: Any) -> WatchCache:
+        from kubernetes import client as k8s
+
+        resource = k8s.ResourceV1Api(api_client)
+        core = k8s.CoreV1Api(api_client)
+        return cls(
+            {
+                "resourceslices": resource.list_resource_slice,
+                "resourceclaims": resource.list_resource_claim_for_all_namespaces,
+                "deviceclasses": resource.list_device_class,
+                "pods": core.list_pod_for_all_namespaces,
+                "nodes": core.list_node,
+            }
+        )
+
+    def start(self) -> None:
+        for r in self.reflectors:
+            r.start()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    @property
+    def synced(self) -> bool:
+        return all(s.synced for s in self.stores.values())
+
+    def next_batch(self, timeout_s: float, max_events: int = 10_000) -> list[Event]:
+        """Block up to `timeout_s` for one event, then take whatever else is queued."""
+        out: list[Event] = []
+        deadline = time.monotonic() + timeout_s
+        try:
+            out.append(self.events.get(timeout=max(0.0, deadline - time.monotonic())))
+        except queue.Empty:
+            return out
+        while len(out) < max_events:
+            try:
+                out.append(self.events.get_nowait())
+            except queue.Empty:
+                break
+        return out
+
+    def __getitem__(self, resource: str) -> dict[str, Obj]:
+        return self.stores[resource].objects

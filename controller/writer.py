@@ -1,0 +1,168 @@
+"""Every write the controller makes, as raw JSON with optimistic concurrency.
+
+Each write carries the resourceVersion the decision was made on, so the API server answers 409 if the
+object changed meanwhile (another replica, kube-scheduler, a user); callers re-read and decide again
+instead of overwriting. Merge patches that include `metadata.resourceVersion` get the same guarantee.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from api.constants import ALLOCATION_GATE
+from controller.rest import MERGE_PATCH, claim_path, pod_path, request
+
+FINALIZER = "gpu.flexmig.dev/allocation-protection"
+"""On claims the controller allocated: it, not the resourceclaim controller, deallocates them."""
+
+ALLOCATED_FOR_ANNOTATION = "gpu.flexmig.dev/allocated-for-pod"
+"""On claims the controller allocated: the UID of the pod they were allocated for."""
+
+CONDITION_TYPE = "gpu.flexmig.dev/Allocated"
+"""Pod condition naming why the controller cannot place the pod (status False) or that it did."""
+
+Obj = dict[str, Any]
+
+
+def is_conflict(exc: BaseException) -> bool:
+    return isinstance(exc, ApiException) and exc.status == 409
+
+
+def is_not_found(exc: BaseException) -> bool:
+    return isinstance(exc, ApiException) and exc.status == 404
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Writer:
+    def __init__(self, api_client: Any, component: str = "flexmig-controller") -> None:
+        self.api = api_client
+        self.component = component
+
+    # --- claims -------------------------------------------------------------------------------------
+
+    def read_claim(self, namespace: str, name: str) -> Obj:
+        return request(self.api, "GET", claim_path(namespace, name))
+
+    def protect_claim(self, claim: Mapping[str, Any], pod_uid: str) -> Obj:
+        """Add our finalizer and the pod annotation (409 if the claim changed since `claim`)."""
+        meta = claim["metadata"]
+        finalizers = list(meta.get("finalizers") or [])
+        if FINALIZER not in finalizers:
+            finalizers.append(FINALIZER)
+        body = {
+            "metadata": {
+                "resourceVersion": meta["resourceVersion"],
+                "finalizers": finalizers,
+                "annotations": {ALLOCATED_FOR_ANNOTATION: pod_uid},
+            }
+        }
+        return request(
+            self.api, "PATCH", claim_path(meta["namespace"], meta["name"]), body, content_type=MERGE_PATCH
+        )
+
+    def write_allocation(self, claim: Mapping[str, Any], allocation: Mapping[str, Any] | None) -> Obj:
+        """Replace status.allocation (None clears it, with the device statuses that depend on it)."""
+        body = json.loads(json.dumps(claim))
+        status = body.setdefault("status", {})
+        if allocation is None:
+            status.pop("allocation", None)
+            status.pop("devices", None)
+        else:
+            status["allocation"] = dict(allocation)
+        meta = claim["metadata"]
+        return request(self.api, "PUT", claim_path(meta["namespace"], meta["name"], "status"), body)
+
+    def unprotect_claim(self, claim: Mapping[str, Any]) -> Obj | None:
+        """Remove our finalizer and annotation (None if the claim is gone as a result)."""
+        meta = claim["metadata"]
+        body = {
+            "metadata": {
+                "resourceVersion": meta["resourceVersion"],
+                "finalizers": [f for f in meta.get("finalizers") or [] if f != FINALIZER],
+                "annotations": {ALLOCATED_FOR_ANNOTATION: None},
+            }
+        }
+        try:
+            return request(
+                self.api, "PATCH", claim_path(meta["namespace"], meta["name"]), body, content_type=MERGE_PATCH
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    # --- pods ---------------------------------------------------------------------------------------
+
+    def read_pod(self, namespace: str, name: str) -> Obj:
+        return request(self.api, "GET", pod_path(namespace, name))
+
+    def release_pod(self, pod: Mapping[str, Any], annotations: Mapping[str, str]) -> Obj:
+        """Write the mirror annotation and remove our scheduling gate (409 if the pod changed)."""
+        meta = pod["metadata"]
+        gates = [
+            g
+            for g in (pod.get("spec") or {}).get("schedulingGates") or []
+            if g.get("name") != ALLOCATION_GATE
+        ]
+        body = {
+            "metadata": {"resourceVersion": meta["resourceVersion"], "annotations": dict(annotations)},
+            "spec": {"schedulingGates": gates},
+        }
+        return request(
+            self.api, "PATCH", pod_path(meta["namespace"], meta["name"]), body, content_type=MERGE_PATCH
+        )
+
+    def set_condition(self, pod: Mapping[str, Any], status: str, reason: str, message: str) -> None:
+        meta = pod["metadata"]
+        condition = {
+            "type": CONDITION_TYPE,
+            "status": status,
+            "reason": reason,
+            "message": message[:1024],
+            "lastTransitionTime": _now(),
+        }
+        # Strategic merge: pod conditions merge by type, so other conditions are left alone.
+        request(
+            self.api,
+            "PATCH",
+            pod_path(meta["namespace"], meta["name"], "status"),
+            {"status": {"conditions": [condition]}},
+            content_type="application/strategic-merge-patch+json",
+        )
+
+    def event(self, obj: Mapping[str, Any], kind: str, event_type: str, reason: str, message: str) -> None:
+        meta = obj["metadata"]
+        now = _now()
+        body: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {
+                "name": f"{meta['name']}.{uuid.uuid4().hex[:12]}",
+                "namespace": meta.get("namespace") or "default",
+            },
+            "involvedObject": {
+                "apiVersion": "v1" if kind == "Pod" else "resource.k8s.io/v1",
+                "kind": kind,
+                "name": meta["name"],
+                "namespace": meta.get("namespace"),
+                "uid": meta.get("uid"),
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": event_type,
+            "source": {"component": self.component},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+            "reportingComponent": self.component,
+        }
+        request(self.api, "POST", f"/api/v1/namespaces/{body['metadata']['namespace']}/events", body)

@@ -1,0 +1,363 @@
+"""Prepare and unprepare of claims on this node: the `ClaimPreparer` behind the DRA gRPC server.
+
+Per claim, prepare is (design.md, "Node side"):
+
+  fetch the claim, check its UID, keep results of driver `gpu.flexmig.dev` in this node's pool
+  -> look each device name up in the inventory (never choose a placement here)
+  -> under the locks of the claim's GPUs (index order):
+       PrepareCompleted in the checkpoint? return it (idempotent);
+       a stale PrepareStarted? roll it back first;
+       check every allocated placement is free, then checkpoint PrepareStarted (ownership intent,
+       see prepare_steps) -> MIG mode -> GI + full CI per MIG device -> CDI spec (atomic)
+       -> PrepareCompleted with the realised identities (one write)
+  -> claim status.devices + the pods' HAMi mirror (outside the GPU locks; a failure is this claim's
+     error and the retry re-attempts just the write).
+
+Claims on different GPUs run in parallel (within one call and across calls); one claim's failure
+never fails another. Unprepare destroys CI then GI (gone = success, IN_USE = the claim's error so
+kubelet retries), removes the CDI spec and the checkpoint entry; an unknown claim succeeds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import structlog
+from kubernetes.client.exceptions import ApiException
+
+from api.constants import DRIVER_NAME, DeviceKind
+from driver import cdi
+from driver.nvml.types import NvmlError
+from kubeletplugin.checkpoint import CheckpointStore, ClaimCheckpoint, ClaimState, PreparedDeviceRecord
+from kubeletplugin.crashpoints import Crashpoints
+from kubeletplugin.grpcserver import ClaimRef, PreparedDevice, PrepareResult
+from kubeletplugin.inventory import Inventory
+from kubeletplugin.kubeapi import ClaimApi, ClaimNotFound, ClaimView, api_error_text
+from kubeletplugin.metrics import NodeMetrics
+from kubeletplugin.migmode import MigModeError, MigModeManager
+from kubeletplugin.nvmlops import NvmlOps
+from kubeletplugin.prepare_steps import PlacementBusy, check_placement_free, destroy_mig, realise_mig
+from kubeletplugin.statuswriter import StatusWriter
+
+log = structlog.get_logger(__name__)
+
+_MAX_PARALLEL_CLAIMS = 8
+
+
+class ClaimError(Exception):
+    """A claim cannot be prepared/unprepared; the message is what kubelet shows in the pod's events."""
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, ApiException):
+        return f"API server: {api_error_text(exc)}"
+    return str(exc)
+
+
+class Preparer:
+    def __init__(
+        self,
+        *,
+        node_name: str,
+        ops: NvmlOps,
+        migmode: MigModeManager,
+        inventory: Inventory,
+        store: CheckpointStore,
+        api: ClaimApi,
+        status: StatusWriter,
+        metrics: NodeMetrics,
+        cdi_dir: Path,
+        mig_minors: Mapping[str, int] | None,
+        crash: Crashpoints,
+    ) -> None:
+        self._node = node_name
+        self._ops = ops
+        self._migmode = migmode
+        self._inventory = inventory
+        self._store = store
+        self._api = api
+        self._status = status
+        self._metrics = metrics
+        self._cdi_dir = cdi_dir
+        self._mig_minors = mig_minors
+        self._crash = crash
+        self._locks_guard = threading.Lock()
+        self._gpu_locks: dict[int, threading.Lock] = {}
+        self._pool = ThreadPoolExecutor(max_workers=_MAX_PARALLEL_CLAIMS, thread_name_prefix="flexmig-claim")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- locking ------------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def gpu_locks(self, indexes: Sequence[int]) -> Iterator[None]:
+        """Hold the locks of `indexes`, always taken in ascending order so two claims never deadlock."""
+        with self._locks_guard:
+            locks = [self._gpu_locks.setdefault(i, threading.Lock()) for i in sorted(set(indexes))]
+        with contextlib.ExitStack() as stack:
+            for lock in locks:
+                stack.enter_context(lock)
+            yield
+
+    # -- ClaimPreparer --------------------------------------------------------------------------------
+
+    def prepare(self, claims: list[ClaimRef]) -> dict[str, PrepareResult]:
+        if len(claims) <= 1:
+            return {c.uid: self._prepare_timed(c) for c in claims}
+        futures = {c.uid: self._pool.submit(self._prepare_timed, c) for c in claims}
+        return {uid: f.result() for uid, f in futures.items()}
+
+    def unprepare(self, claims: list[ClaimRef]) -> dict[str, str | None]:
+        if len(claims) <= 1:
+            return {c.uid: self._unprepare_timed(c) for c in claims}
+        futures = {c.uid: self._pool.submit(self._unprepare_timed, c) for c in claims}
+        return {uid: f.result() for uid, f in futures.items()}
+
+    # -- prepare --------------------------------------------------------------------------------------
+
+    def _prepare_timed(self, ref: ClaimRef) -> PrepareResult:
+        start = time.monotonic()
+        try:
+            result = PrepareResult(devices=self._prepare_one(ref))
+        except (ClaimError, NvmlError, MigModeError, PlacementBusy, ApiException, OSError, ValueError) as exc:
+            log.error(
+                "prepare failed", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid, error=_describe(exc)
+            )
+            result = PrepareResult(error=f"flexmig: prepare {ref.namespace}/{ref.name}: {_describe(exc)}")
+        except Exception as exc:
+            # Anything unexpected (e.g. a connection error below the API client) is still only this
+            # claim's failure; the traceback goes to the log for whoever debugs it.
+            log.exception("prepare failed unexpectedly", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid)
+            result = PrepareResult(
+                error=f"flexmig: prepare {ref.namespace}/{ref.name}: {type(exc).__name__}: {exc}"
+            )
+        self._metrics.prepare_seconds.labels(result="error" if result.error else "ok").observe(
+            time.monotonic() - start
+        )
+        self.update_checkpoint_metrics()
+        return result
+
+    def _fetch(self, ref: ClaimRef) -> ClaimView:
+        try:
+            view = self._api.get_claim(ref.namespace, ref.name)
+        except ClaimNotFound as exc:
+            raise ClaimError(str(exc)) from exc
+        if view.uid != ref.uid:
+            raise ClaimError(f"ResourceClaim {ref.namespace}/{ref.name} has UID {view.uid}, not {ref.uid}")
+        return view
+
+    def _records_for(self, view: ClaimView) -> list[PreparedDeviceRecord]:
+        """This node's devices of the claim as (not yet realised) checkpoint records."""
+        requests: dict[str, list[str]] = {}
+        for result in view.devices:
+            if result.driver != DRIVER_NAME:
+                continue
+            if result.pool != self._node:
+                log.warning(
+                    "allocation result for another node's pool ignored",
+                    pool=result.pool,
+                    device=result.device,
+                )
+                continue
+            requests.setdefault(result.device, []).append(result.request)
+        unknown = [name for name in requests if self._inventory.get(name) is None]
+        if unknown:
+            raise ClaimError(
+                f"devices {sorted(unknown)} are not published by node {self._node} (unknown name, filtered GPU"
+                " or a MIG mode that does not offer them)"
+            )
+        records = []
+        for name, reqs in requests.items():
+            nd = self._inventory.get(name)
+            assert nd is not None
+            base = PreparedDeviceRecord(
+                request_names=tuple(reqs),
+                pool=self._node,
+                device_name=name,
+                gpu_index=nd.gpu.index,
+                gpu_uuid=nd.gpu.uuid,
+            )
+            if nd.kind is DeviceKind.MIG:
+                assert nd.profile is not None and nd.placement is not None
+                # created_gi=True is the ownership intent: see prepare_steps.
+                base = dataclasses.replace(
+                    base,
+                    profile=nd.profile.name,
+                    gi_profile_id=nd.profile.gi_profile_id,
+                    placement_start=nd.placement.start,
+                    placement_size=nd.placement.size,
+                    created_gi=True,
+                    created_ci=True,
+                )
+            records.append(base)
+        return records
+
+    def _prepare_one(self, ref: ClaimRef) -> list[PreparedDevice]:
+        view = self._fetch(ref)
+        records = self._records_for(view)
+        if not records:
+            return []
+        with self.gpu_locks([r.gpu_index for r in records]):
+            entry = self._prepare_locked(ref, view, records)
+        self._status.write(view, entry)
+        return [
+            PreparedDevice(
+                request_names=list(d.request_names),
+                pool_name=d.pool,
+                device_name=d.device_name,
+                cdi_device_ids=list(d.cdi_device_ids),
+            )
+            for d in entry.devices
+        ]
+
+    def _prepare_locked(
+        self, ref: ClaimRef, view: ClaimView, records: list[PreparedDeviceRecord]
+    ) -> ClaimCheckpoint:
+        checkpoint = self._store.load()
+        existing = checkpoint.claims.get(ref.uid)
+        if existing is not None and existing.state is ClaimState.PREPARE_COMPLETED:
+            return existing
+        if existing is not None:
+            log.info("rolling back an interrupted prepare before retrying it", uid=ref.uid)
+            self.rollback(existing)
+            checkpoint = self._store.load()
+        owners = {
+            (d.gpu_index, d.gi_id): c.uid
+            for c in checkpoint.claims.values()
+            for d in c.devices
+            if d.gi_id is not None
+        }
+        for rec in records:
+            if rec.is_mig:
+                check_placement_free(self._ops, rec, owners)
+        started = ClaimCheckpoint(
+            ref.uid, view.namespace, view.name, ClaimState.PREPARE_STARTED, tuple(records)
+        )
+        self._store.put_claim(started)
+        try:
+            return self._realise(started)
+        except BaseException:
+            try:
+                self.rollback(started)
+            except (NvmlError, OSError) as exc:
+                log.error(
+                    "rollback after a failed prepare failed; retried on the next attempt",
+                    uid=ref.uid,
+                    error=str(exc),
+                )
+            raise
+
+    def _realise(self, started: ClaimCheckpoint) -> ClaimCheckpoint:
+        for index in sorted({d.gpu_index for d in started.devices if d.is_mig}):
+            self._migmode.ensure_for_mig(index)
+        for index in sorted({d.gpu_index for d in started.devices if not d.is_mig}):
+            self._migmode.ensure_for_whole(index)
+        devices: list[PreparedDeviceRecord] = []
+        cdi_devices: list[cdi.PreparedDevice] = []
+        for rec in started.devices:
+            minor = self._inventory_minor(rec)
+            if rec.is_mig:
+                mig = realise_mig(self._ops, rec, self._crash)
+                rec = dataclasses.replace(rec, gi_id=mig.gi_id, ci_id=mig.ci_id, mig_uuid=mig.mig_uuid)
+                cdi_devices.append(
+                    cdi.PreparedMig(rec.device_name, rec.gpu_uuid, minor, mig.gi_id, mig.ci_id, mig.mig_uuid)
+                )
+            else:
+                cdi_devices.append(cdi.PreparedGpu(rec.device_name, rec.gpu_uuid, minor))
+            devices.append(
+                dataclasses.replace(
+                    rec, cdi_device_ids=(cdi.qualified_device_id(started.uid, rec.device_name),)
+                )
+            )
+        spec = cdi.build_claim_spec(started.uid, cdi_devices, self._mig_minors)
+        cdi.write_spec_atomically(self._cdi_dir, started.uid, spec)
+        self._crash.reach("after-cdi-write")
+        completed = dataclasses.replace(started, state=ClaimState.PREPARE_COMPLETED, devices=tuple(devices))
+        self._crash.reach("before-checkpoint-commit")
+        self._store.put_claim(completed)
+        self._crash.reach("after-checkpoint-commit")
+        log.info(
+            "claim prepared",
+            claim=f"{started.namespace}/{started.name}",
+            uid=started.uid,
+            devices=[(d.device_name, d.mig_uuid) for d in devices],
+        )
+        return completed
+
+    def _inventory_minor(self, rec: PreparedDeviceRecord) -> int:
+        nd = self._inventory.get(rec.device_name)
+        if nd is None:  # only for entries adopted from an older checkpoint
+            raise ClaimError(f"device {rec.device_name} is no longer published by this node")
+        return nd.gpu.minor_number
+
+    # -- rollback / unprepare ---------------------------------------------------------------------------
+
+    def rollback(self, entry: ClaimCheckpoint) -> int:
+        """Undo a PrepareStarted entry (or destroy a completed one): instances, CDI spec, entry.
+
+        Returns how many GPU instances were destroyed. Raises NvmlError (e.g. IN_USE) with the entry
+        left in place, so a later attempt finishes it. Callers hold the locks of the entry's GPUs (or
+        run before the servers start).
+        """
+        touched = sorted({d.gpu_index for d in entry.devices if d.is_mig})
+        destroyed = 0
+        for rec in entry.devices:
+            if rec.is_mig and destroy_mig(self._ops, rec, self._crash):
+                destroyed += 1
+                log.info(
+                    "destroyed MIG instance",
+                    uid=entry.uid,
+                    device=rec.device_name,
+                    gi=rec.gi_id,
+                    ci=rec.ci_id,
+                )
+        self._crash.reach("before-checkpoint-remove")
+        cdi.remove_spec(self._cdi_dir, entry.uid)
+        self._store.remove_claim(entry.uid)
+        self._status.forget_claim(entry.uid)
+        for index in touched:
+            self._migmode.release(index)
+        return destroyed
+
+    def _unprepare_timed(self, ref: ClaimRef) -> str | None:
+        start = time.monotonic()
+        error: str | None = None
+        try:
+            self._unprepare_one(ref)
+        except (ClaimError, NvmlError, OSError) as exc:
+            log.error(
+                "unprepare failed", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid, error=_describe(exc)
+            )
+            error = f"flexmig: unprepare {ref.namespace}/{ref.name}: {_describe(exc)}"
+        except Exception as exc:
+            log.exception("unprepare failed unexpectedly", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid)
+            error = f"flexmig: unprepare {ref.namespace}/{ref.name}: {type(exc).__name__}: {exc}"
+        self._metrics.unprepare_seconds.labels(result="error" if error else "ok").observe(
+            time.monotonic() - start
+        )
+        self.update_checkpoint_metrics()
+        return error
+
+    def _unprepare_one(self, ref: ClaimRef) -> None:
+        entry = self._store.get_claim(ref.uid)
+        if entry is None:
+            return  # never prepared here, or already unprepared: success either way
+        with self.gpu_locks([d.gpu_index for d in entry.devices]):
+            entry = self._store.get_claim(ref.uid)
+            if entry is None:
+                return
+            self.rollback(entry)
+        log.info("claim unprepared", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid)
+
+    def update_checkpoint_metrics(self) -> None:
+        counts = {s.value: 0 for s in ClaimState}
+        for claim in self._store.load().claims.values():
+            counts[claim.state.value] += 1
+        self._metrics.set_checkpoint_counts(counts)
