@@ -135,8 +135,6 @@ class LeaderElector(threading.Thread):
             if (lease.get("spec") or {}).get("holderIdentity") == self.identity:
                 lease["spec"]["holderIdentity"] = None
                 lease["spec"]["renewTime"] = None
-                self.api.replace_namespaced_lease(
-                    self.lease_name, self.namespace, lease, _preload_content=False
-                )
+                request(self.api, "PUT", lease_path(self.namespace, self.lease_name), lease)
         except ApiException as exc:
             log.warning("could not release the lease", error=str(exc))

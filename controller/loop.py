@@ -14,6 +14,7 @@ nothing is ever allocated twice, and a pod gets all of its claims or none.
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -299,7 +300,13 @@ class Controller:
         devices: dict[str, Any] = {"results": alloc.results}
         if alloc.config:
             devices["config"] = alloc.config
-        return {"devices": devices, "nodeSelector": node_selector(node)}
+        # allocationTimestamp must be set by the allocator: kube-scheduler (with DRADeviceBindingConditions,
+        # beta in 1.36+) fills it in when missing, which the API rejects as a change to an allocation.
+        return {
+            "devices": devices,
+            "nodeSelector": node_selector(node),
+            "allocationTimestamp": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
 
     def _rollback(self, done: list[Obj], protected: list[Obj], allocs: list[ClaimAllocation]) -> None:
         assert self.writer is not None

@@ -1,8 +1,11 @@
 """Raw JSON requests through the `kubernetes` client's transport (auth, TLS, retries).
 
 The generated typed methods validate a dict body into a pydantic model first, which loses camelCase
-fields it does not map (a claim's `spec` came out `null`, which the API rejects as a spec change), so
-every write goes through here with the JSON exactly as built.
+fields it does not map (a claim's `spec` came out `null`), so every write goes through here with the
+JSON exactly as built. Bodies are sent compact (no spaces): kube-apiserver keeps opaque `parameters`
+(a RawExtension) byte for byte, and kube-scheduler's later update of a claim whose allocation config
+was written with `", "` separators fails its "allocation cannot be modified" check (the client's own
+`json.dumps(body)` adds those spaces).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import json
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
+from kubernetes.client.rest import RESTResponse
 
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
@@ -36,8 +40,12 @@ def request(
         body=body,
         auth_settings=["BearerToken"],
     )
-    resp = api_client.call_api(m, url, header_params=hdrs, body=payload, _request_timeout=timeout_s)
-    resp.read()
+    encoded = None if payload is None else json.dumps(payload, separators=(",", ":")).encode()
+    raw = api_client.rest_client.pool_manager.request(
+        m, url, body=encoded, headers=hdrs, timeout=timeout_s, preload_content=False
+    )
+    resp = RESTResponse(raw)
+    resp.read()  # type: ignore[no-untyped-call]
     if not 200 <= resp.status <= 299:
         raise ApiException(http_resp=resp)
     data: dict[str, Any] = json.loads(resp.data) if resp.data else {}

@@ -53,21 +53,17 @@ class Writer:
         return request(self.api, "GET", claim_path(namespace, name))
 
     def protect_claim(self, claim: Mapping[str, Any], pod_uid: str) -> Obj:
-        """Add our finalizer and the pod annotation (409 if the claim changed since `claim`)."""
-        meta = claim["metadata"]
-        finalizers = list(meta.get("finalizers") or [])
-        if FINALIZER not in finalizers:
-            finalizers.append(FINALIZER)
-        body = {
-            "metadata": {
-                "resourceVersion": meta["resourceVersion"],
-                "finalizers": finalizers,
-                "annotations": {ALLOCATED_FOR_ANNOTATION: pod_uid},
-            }
-        }
-        return request(
-            self.api, "PATCH", claim_path(meta["namespace"], meta["name"]), body, content_type=MERGE_PATCH
-        )
+        """Add our finalizer and the pod annotation (409 if the claim changed since `claim`).
+
+        A full update, not a patch: kube-apiserver 1.37 rejects any patch of a claim whose spec carries
+        opaque config ("spec: field is immutable"), while an update with the same spec passes.
+        """
+        body: Obj = json.loads(json.dumps(claim))
+        meta = body["metadata"]
+        if FINALIZER not in (meta.get("finalizers") or []):
+            meta.setdefault("finalizers", []).append(FINALIZER)
+        meta.setdefault("annotations", {})[ALLOCATED_FOR_ANNOTATION] = pod_uid
+        return request(self.api, "PUT", claim_path(meta["namespace"], meta["name"]), body)
 
     def write_allocation(self, claim: Mapping[str, Any], allocation: Mapping[str, Any] | None) -> Obj:
         """Replace status.allocation (None clears it, with the device statuses that depend on it)."""
@@ -83,18 +79,12 @@ class Writer:
 
     def unprotect_claim(self, claim: Mapping[str, Any]) -> Obj | None:
         """Remove our finalizer and annotation (None if the claim is gone as a result)."""
-        meta = claim["metadata"]
-        body = {
-            "metadata": {
-                "resourceVersion": meta["resourceVersion"],
-                "finalizers": [f for f in meta.get("finalizers") or [] if f != FINALIZER],
-                "annotations": {ALLOCATED_FOR_ANNOTATION: None},
-            }
-        }
+        body: Obj = json.loads(json.dumps(claim))
+        meta = body["metadata"]
+        meta["finalizers"] = [f for f in meta.get("finalizers") or [] if f != FINALIZER]
+        (meta.get("annotations") or {}).pop(ALLOCATED_FOR_ANNOTATION, None)
         try:
-            return request(
-                self.api, "PATCH", claim_path(meta["namespace"], meta["name"]), body, content_type=MERGE_PATCH
-            )
+            return request(self.api, "PUT", claim_path(meta["namespace"], meta["name"]), body)
         except ApiException as exc:
             if exc.status == 404:
                 return None

@@ -25,7 +25,12 @@ from kubeletplugin.inventory import Inventory
 log = structlog.get_logger(__name__)
 
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
-_WAIT_MS = 500
+# Each round waits briefly for events, then pauses. Detection latency stays ~1 s (kubelet resends
+# health every 10 s anyway), while a backend that implements the wait by polling a shared state (the
+# simulator takes its file lock ~50 times a second while waiting) is not kept busy all the time,
+# which would slow down every prepare on the node.
+_WAIT_MS = 100
+_PAUSE_S = 1.0
 _ERROR_PAUSE_S = 5.0
 
 
@@ -68,6 +73,8 @@ class NvmlHealthSource:
                 continue
             for event in events:
                 self.record(event)
+            if not events:
+                self._stop.wait(_PAUSE_S)
 
     def record(self, event: HealthEvent) -> None:
         if event.kind is HealthEventKind.XID and event.xid in APPLICATION_XIDS:

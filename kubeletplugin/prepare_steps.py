@@ -94,22 +94,45 @@ def destroy_mig(ops: NvmlOps, rec: PreparedDeviceRecord, crash: Crashpoints) -> 
     gi = find_gi(ops, rec)
     if gi is None:
         return False
-    try:
-        cis = ops.compute_instances(rec.gpu_index, gi.gi_id)
-    except NvmlError as exc:
-        if exc.code not in GONE_CODES:
-            raise
-        return False
-    for ci in cis:
-        try:
-            ops.destroy_compute_instance(rec.gpu_index, gi.gi_id, ci.ci_id)
-        except NvmlError as exc:
-            if exc.code not in GONE_CODES:
-                raise
+    if rec.ci_id is not None:
+        # The usual case: one CI we recorded. Destroying it by id saves enumerating every CI
+        # profile of the GI (a dozen NVML calls); anything else found in our GI is handled below.
+        _destroy_ci(ops, rec.gpu_index, gi.gi_id, rec.ci_id)
+    else:
+        _destroy_all_cis(ops, rec.gpu_index, gi.gi_id)
     crash.reach("mid-destroy")
     try:
         ops.destroy_gpu_instance(rec.gpu_index, gi.gi_id)
     except NvmlError as exc:
+        if exc.code in GONE_CODES:
+            return True
+        if exc.code is not NvmlErrorCode.IN_USE or rec.ci_id is None:
+            raise
+        # A CI we did not record (created inside our GI by someone else) keeps the GI busy; the GI
+        # is ours, so everything in it goes. A process still running keeps it IN_USE, as it should.
+        _destroy_all_cis(ops, rec.gpu_index, gi.gi_id)
+        try:
+            ops.destroy_gpu_instance(rec.gpu_index, gi.gi_id)
+        except NvmlError as again:
+            if again.code not in GONE_CODES:
+                raise
+    return True
+
+
+def _destroy_ci(ops: NvmlOps, index: int, gi_id: int, ci_id: int) -> None:
+    try:
+        ops.destroy_compute_instance(index, gi_id, ci_id)
+    except NvmlError as exc:
         if exc.code not in GONE_CODES:
             raise
-    return True
+
+
+def _destroy_all_cis(ops: NvmlOps, index: int, gi_id: int) -> None:
+    try:
+        cis = ops.compute_instances(index, gi_id)
+    except NvmlError as exc:
+        if exc.code not in GONE_CODES:
+            raise
+        return
+    for ci in cis:
+        _destroy_ci(ops, index, gi_id, ci.ci_id)

@@ -204,7 +204,11 @@ class Preparer:
         records = self._records_for(view)
         if not records:
             return []
-        with self.gpu_locks([r.gpu_index for r in records]):
+        # A stale entry of this claim may name other GPUs (the claim was reallocated while an
+        # unprepare failed): its GPUs are locked too, because it may have to be rolled back.
+        previous = self._store.get_claim(ref.uid)
+        stale_gpus = [d.gpu_index for d in previous.devices] if previous is not None else []
+        with self.gpu_locks([r.gpu_index for r in records] + stale_gpus):
             entry = self._prepare_locked(ref, view, records)
         self._status.write(view, entry)
         return [
@@ -222,10 +226,13 @@ class Preparer:
     ) -> ClaimCheckpoint:
         checkpoint = self._store.load()
         existing = checkpoint.claims.get(ref.uid)
+        wanted = [r.device_name for r in records]
         if existing is not None and existing.state is ClaimState.PREPARE_COMPLETED:
-            return existing
+            if [d.device_name for d in existing.devices] == wanted:
+                return existing
+            log.warning("claim was prepared for other devices; replacing them", uid=ref.uid, devices=wanted)
         if existing is not None:
-            log.info("rolling back an interrupted prepare before retrying it", uid=ref.uid)
+            log.info("rolling back an earlier prepare of this claim before retrying it", uid=ref.uid)
             self.rollback(existing)
             checkpoint = self._store.load()
         owners = {

@@ -85,7 +85,7 @@ class StatusWriter:
                 current = ((pod.get("metadata") or {}).get("annotations") or {}).get(
                     ANNOTATION_MIG_ALLOCATIONS
                 )
-                if value != current and not (value is None and current is None):
+                if value != current:
                     self._api.set_pod_annotation(namespace, pod_name, ANNOTATION_MIG_ALLOCATIONS, value)
             self._set_usage((namespace, pod_name), devices)
 

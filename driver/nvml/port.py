@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -33,6 +34,13 @@ _ID_ANY = 0xFFFFFFFF
 _MAX_EVENTS_PER_WAIT = 64
 
 
+@dataclass(frozen=True, slots=True)
+class _CiProfile:
+    profile_id: int
+    slice_count: int
+    instance_count: int
+
+
 class Nvml:
     """Narrow NVML port over a pynvml-compatible `lib` (real module or simulator)."""
 
@@ -40,6 +48,9 @@ class Nvml:
         self._lib = lib
         self.description = description
         self._profiles: dict[int, list[GiProfileInfo]] = {}
+        # CI profile facts are fixed per (GPU, GI profile); querying all of them costs one NVML call
+        # per CI profile, on every CI create, so they are read once.
+        self._ci_profile_cache: dict[tuple[int, int], list[_CiProfile]] = {}
         self._event_set: Any = None
         self._registered: dict[int, int] = {}  # device handle address -> GPU index
 
@@ -255,6 +266,18 @@ class Nvml:
 
     # -- compute instances ------------------------------------------------------------------------------
 
+    def _ci_profiles_for(self, index: int, gi_handle: Any) -> list[_CiProfile]:
+        gi_profile_id = int(self._call("nvmlGpuInstanceGetInfo", gi_handle).profileId)
+        key = (index, gi_profile_id)
+        cached = self._ci_profile_cache.get(key)
+        if cached is None:
+            cached = [
+                _CiProfile(int(p.id), int(p.sliceCount), int(p.instanceCount))
+                for p in self._ci_profiles(gi_handle)
+            ]
+            self._ci_profile_cache[key] = cached
+        return cached
+
     def _ci_profiles(self, gi_handle: Any) -> list[Any]:
         found = []
         shared = self._lib.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
@@ -285,19 +308,21 @@ class Nvml:
         """Create the full-size CI (CI slice count == GI slice count) inside GI `gi_id`."""
         gi = self._gi_handle(index, gi_id)
         gi_profile = self.gi_profile_by_id(index, int(self._call("nvmlGpuInstanceGetInfo", gi).profileId))
-        full = [p for p in self._ci_profiles(gi) if int(p.sliceCount) == gi_profile.compute_slices]
+        full = [p for p in self._ci_profiles_for(index, gi) if p.slice_count == gi_profile.compute_slices]
         if not full:
             raise NvmlError("nvmlGpuInstanceGetComputeInstanceProfileInfo", NvmlErrorCode.NOT_SUPPORTED)
-        ci = self._call("nvmlGpuInstanceCreateComputeInstance", gi, int(full[0].id))
+        ci = self._call("nvmlGpuInstanceCreateComputeInstance", gi, full[0].profile_id)
         return self._ci_value(index, gi_id, self._call("nvmlComputeInstanceGetInfo", ci))
 
     def compute_instances(self, index: int, gi_id: int) -> list[ComputeInstance]:
         gi = self._gi_handle(index, gi_id)
         found: list[ComputeInstance] = []
-        for profile in self._ci_profiles(gi):
-            buffer = (self._lib.c_nvmlComputeInstance_t * max(int(profile.instanceCount), 1))()
+        for profile in self._ci_profiles_for(index, gi):
+            buffer = (self._lib.c_nvmlComputeInstance_t * max(profile.instance_count, 1))()
             count = ctypes.c_uint(0)
-            self._call("nvmlGpuInstanceGetComputeInstances", gi, int(profile.id), buffer, ctypes.byref(count))
+            self._call(
+                "nvmlGpuInstanceGetComputeInstances", gi, profile.profile_id, buffer, ctypes.byref(count)
+            )
             for i in range(count.value):
                 found.append(
                     self._ci_value(index, gi_id, self._call("nvmlComputeInstanceGetInfo", buffer[i]))

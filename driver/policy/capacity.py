@@ -14,7 +14,6 @@ real cluster many GPUs share both, so results are memoised by that signature.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from functools import lru_cache
 
 from driver.catalog.types import GpuCatalog, MigProfile
 from driver.placement.choice import size_key
@@ -46,7 +45,9 @@ class CapacityModel:
 
     def __init__(self, classes: Sequence[int]) -> None:
         self.classes = tuple(classes)
-        self._vector = lru_cache(maxsize=65536)(self._compute)
+        # Keyed by (catalog, occupancy) signatures only: an lru_cache over (key, signature, occ) would
+        # also hash `occ` by identity, so every new Occupancy object (one per candidate) missed.
+        self._memo: dict[tuple[tuple[str, tuple[int, ...]], tuple[tuple[int, int], ...]], CapacityVector] = {}
         self._catalogs: dict[tuple[str, tuple[int, ...]], GpuCatalog] = {}
 
     def vector(self, catalog: GpuCatalog, occ: Occupancy, whole_gpu_taken: bool = False) -> CapacityVector:
@@ -54,7 +55,13 @@ class CapacityModel:
             return (0,) * len(self.classes)
         key = catalog_signature(catalog)
         self._catalogs.setdefault(key, catalog)
-        return self._vector(key, occupancy_signature(occ), occ)
+        sig = occupancy_signature(occ)
+        hit = self._memo.get((key, sig))
+        if hit is None:
+            if len(self._memo) >= 65536:
+                self._memo.clear()
+            hit = self._memo[(key, sig)] = self._compute(key, sig, occ)
+        return hit
 
     def _compute(
         self,

@@ -382,9 +382,15 @@ def wait_slices(
 ) -> list[dict[str, Any]]:
     found: list[list[dict[str, Any]]] = []
 
+    def complete(slices: list[dict[str, Any]]) -> bool:
+        # The publisher writes slices one by one: a reader can see a partial pool, as the scheduler
+        # can (which ignores it until resourceSliceCount slices of one generation exist).
+        pools = {(s["spec"]["pool"]["generation"], s["spec"]["pool"]["resourceSliceCount"]) for s in slices}
+        return len(pools) == 1 and next(iter(pools))[1] == len(slices)
+
     def check() -> bool:
         found[:] = [node_slices(api_client, node)]
-        return bool(found[0]) and predicate(found[0])
+        return bool(found[0]) and complete(found[0]) and predicate(found[0])
 
     wait_until(check, timeout_s, f"ResourceSlices of {node}")
     return found[0]

@@ -18,6 +18,7 @@ from kubernetes import client as k8s
 from api.constants import ALLOCATION_GATE, ANNOTATION_MIG_ALLOCATIONS, DRIVER_NAME
 from controller.leader import LeaderElector
 from controller.loop import Controller
+from controller.rest import request
 from controller.watchcache import WatchCache
 from controller.writer import CONDITION_TYPE, FINALIZER, Writer
 from driver.catalog.simulated import simulated_catalog
@@ -29,6 +30,7 @@ from .cluster import ControlPlane, create_namespace, create_ready_node, heartbea
 
 pytestmark = pytest.mark.e2e
 T = TypeVar("T")
+CONFIG: list[dict[str, Any]] = [{"opaque": {"driver": DRIVER_NAME, "parameters": {"note": "copied"}}}]
 
 
 def eventually(fn: Callable[[], T | None], timeout_s: float, what: str) -> T:
@@ -66,15 +68,18 @@ def env(control_plane: ControlPlane) -> Iterator[dict[str, Any]]:
                 dict.fromkeys(range(n), True),
             )
             for s in built.slices:
-                resource.create_resource_slice(s.body)
+                request(api, "POST", "/apis/resource.k8s.io/v1/resourceslices", s.body)
         device_class = f"mig-{suffix}.{DRIVER_NAME}"
-        resource.create_device_class(
+        request(
+            api,
+            "POST",
+            "/apis/resource.k8s.io/v1/deviceclasses",
             {
                 "apiVersion": "resource.k8s.io/v1",
                 "kind": "DeviceClass",
                 "metadata": {"name": device_class},
                 "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}]},
-            }
+            },
         )
         namespace = f"ctl-{suffix}"
         create_namespace(api, namespace)
@@ -127,7 +132,7 @@ def _claim(name: str, device_class: str, selector: str, count: int = 1) -> dict[
                         },
                     }
                 ],
-                "config": [{"opaque": {"driver": DRIVER_NAME, "parameters": {"note": "copied"}}}],
+                "config": CONFIG,
             }
         },
     }
@@ -153,6 +158,11 @@ def _pod(name: str, claim: dict[str, str]) -> dict[str, Any]:
     }
 
 
+def _create(api: Any, ns: str, plural: str, body: dict[str, Any]) -> None:
+    group = "/api/v1" if plural == "pods" else "/apis/resource.k8s.io/v1"
+    request(api, "POST", f"{group}/namespaces/{ns}/{plural}", body)
+
+
 def _mem_selector(mib: int) -> str:
     return f'device.capacity["{DRIVER_NAME}"].memory.compareTo(quantity("{mib}Mi")) >= 0'
 
@@ -162,8 +172,8 @@ def test_gated_pod_is_allocated_released_and_bound(env: dict[str, Any]) -> None:
     core: Any = k8s.CoreV1Api(api)
     resource: Any = k8s.ResourceV1Api(api)
     eventually(env["elector"].is_leader, 30, "the controller to win the leader election")
-    resource.create_namespaced_resource_claim(ns, _claim("small", env["class"], _mem_selector(4000)))
-    core.create_namespaced_pod(ns, _pod("small", {"resourceClaimName": "small"}))
+    _create(api, ns, "resourceclaims", _claim("small", env["class"], _mem_selector(4000)))
+    _create(api, ns, "pods", _pod("small", {"resourceClaimName": "small"}))
 
     def allocated() -> Any:
         claim = resource.read_namespaced_resource_claim("small", ns)
@@ -197,8 +207,10 @@ def test_unplaceable_pod_waits_with_reason_then_placed_after_release(env: dict[s
     resource: Any = k8s.ResourceV1Api(api)
     eventually(env["elector"].is_leader, 30, "leadership")
     # Fill the H100 with one 7g.80gb through a template-generated claim.
-    resource.create_namespaced_resource_claim_template(
+    _create(
+        api,
         ns,
+        "resourceclaimtemplates",
         {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaimTemplate",
@@ -206,9 +218,9 @@ def test_unplaceable_pod_waits_with_reason_then_placed_after_release(env: dict[s
             "spec": {"spec": _claim("x", env["class"], _mem_selector(60000))["spec"]},
         },
     )
-    core.create_namespaced_pod(ns, _pod("big-1", {"resourceClaimTemplateName": "big"}))
+    _create(api, ns, "pods", _pod("big-1", {"resourceClaimTemplateName": "big"}))
     eventually(lambda: core.read_namespaced_pod("big-1", ns).spec.node_name, 60, "big-1 bound")
-    core.create_namespaced_pod(ns, _pod("big-2", {"resourceClaimTemplateName": "big"}))
+    _create(api, ns, "pods", _pod("big-2", {"resourceClaimTemplateName": "big"}))
 
     def condition() -> Any:
         status = core.read_namespaced_pod("big-2", ns).status

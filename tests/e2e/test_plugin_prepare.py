@@ -238,6 +238,68 @@ def test_metrics_endpoint(env: Env) -> None:
     env.claims.delete("metered")
 
 
+def test_claims_serialise_per_gpu_not_per_node(env: Env) -> None:
+    # The simulator sleeps after the create is written and outside its lock, like a slow driver call.
+    delay = 1.5
+    same = [env.claims.create(f"s{i}", NODE, [A100_1G.format(i)]) for i in range(2)]
+    other = [
+        env.claims.create("o0", NODE, [A100_1G.format(4)]),
+        env.claims.create("o1", NODE, [A30_1G.format(3)]),
+    ]
+    env.nd.admin().set_latency(nvmlDeviceCreateGpuInstanceWithPlacement=delay)
+    try:
+        t0 = time.monotonic()
+        assert all(r.error == "" for r in env.k.prepare(other).values())
+        parallel = time.monotonic() - t0
+        t0 = time.monotonic()
+        assert all(r.error == "" for r in env.k.prepare(same).values())
+        serial = time.monotonic() - t0
+    finally:
+        env.nd.admin().clear_latency()
+    assert serial >= 2 * delay  # one GPU: one create after the other
+    assert parallel < serial - delay / 2  # two GPUs: the creates overlap
+    assert set(env.k.unprepare(same + other).values()) == {""}
+    for name in ("s0", "s1", "o0", "o1"):
+        env.claims.delete(name)
+
+
+def test_reallocated_claim_replaces_its_old_instance(env: Env) -> None:
+    # An unprepare that never reached us, then a new allocation of the same claim: a prepare must not
+    # answer with the old device.
+    c = env.claims.create("realloc", NODE, [A100_1G.format(5)])
+    _ok(env.k.prepare([c])[c["uid"]])
+    pod_uid = env.claims.claim("realloc")["status"]["reservedFor"][0]["uid"]
+    env.claims.resource.patch_namespaced_resource_claim_status(
+        "realloc", NS, {"status": {"reservedFor": None, "allocation": None, "devices": None}}
+    )
+    env.claims.resource.patch_namespaced_resource_claim_status(
+        "realloc",
+        NS,
+        {
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [
+                            {
+                                "request": "gpu",
+                                "driver": DRIVER_NAME,
+                                "pool": NODE,
+                                "device": A30_1G.format(1),
+                            }
+                        ]
+                    }
+                },
+                "reservedFor": [{"resource": "pods", "name": "realloc", "uid": pod_uid}],
+            }
+        },
+    )
+    [(device, _)] = _ok(env.k.prepare([c])[c["uid"]])
+    assert device == A30_1G.format(1)
+    assert instances(env.nd) == [(2, 14, 1, 1, (0,))]
+    assert env.k.unprepare([c]) == {c["uid"]: ""}
+    env.claims.delete("realloc")
+
+
 def test_no_slices_left_behind_for_other_nodes(env: Env) -> None:
     # The plugin only ever lists/writes its own node's slices.
     assert node_slices(env.api, "some-other-node") == []

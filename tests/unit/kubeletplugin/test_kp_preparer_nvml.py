@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -142,3 +143,12 @@ def test_failed_toggle_is_not_retried_in_a_loop(sim: tuple[Nvml, SimAdmin, NvmlO
     now[0] = 61.0
     mm.ensure_for_mig(1)
     assert admin.snapshot().gpus[1].mig_current is True
+
+
+def test_destroy_clears_unrecorded_cis_in_our_gi(sim: tuple[Nvml, SimAdmin, NvmlOps, NodeMetrics]) -> None:
+    _, admin, ops, _ = sim
+    mig = realise_mig(ops, _rec(), NO_CRASH)
+    # The checkpoint names a CI that no longer exists; the GI still holds another one.
+    rec = dataclasses.replace(_rec(gi_id=mig.gi_id), ci_id=mig.ci_id + 3)
+    assert destroy_mig(ops, rec, NO_CRASH) is True
+    assert admin.snapshot().gpus[0].gpu_instances == ()

@@ -1,0 +1,70 @@
+{{/* The DRA driver name: ResourceSlice spec.driver, kubelet plugin name, CEL attribute domain. */}}
+{{- define "flexmig.driverName" -}}gpu.flexmig.dev{{- end -}}
+
+{{- define "flexmig.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Prefix of every namespaced object's name (and of cluster-scoped ones, to keep releases apart). */}}
+{{- define "flexmig.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "flexmig.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "flexmig.labels" -}}
+helm.sh/chart: {{ include "flexmig.chart" . }}
+app.kubernetes.io/name: {{ include "flexmig.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: flexmig
+{{- end -}}
+
+{{/* Selector labels of one component; call with (dict "root" $ "component" "controller"). */}}
+{{- define "flexmig.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "flexmig.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "flexmig.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{- define "flexmig.controllerName" -}}{{ include "flexmig.fullname" . }}-controller{{- end -}}
+{{- define "flexmig.pluginName" -}}{{ include "flexmig.fullname" . }}-kubelet-plugin{{- end -}}
+{{- define "flexmig.webhookName" -}}{{ include "flexmig.fullname" . }}-webhook{{- end -}}
+{{- define "flexmig.deviceConfigName" -}}{{ include "flexmig.fullname" . }}-device-config{{- end -}}
+{{- define "flexmig.nodeConfigName" -}}{{ include "flexmig.fullname" . }}-node-config{{- end -}}
+{{/* The cluster-scoped MutatingWebhookConfiguration; the controller patches its caBundle. */}}
+{{- define "flexmig.webhookConfigName" -}}{{ include "flexmig.fullname" . }}.{{ include "flexmig.driverName" . }}{{- end -}}
+{{- define "flexmig.nodeScopePolicyName" -}}{{ include "flexmig.fullname" . }}-slices-node-scope.{{ include "flexmig.driverName" . }}{{- end -}}
+{{- define "flexmig.podScopePolicyName" -}}{{ include "flexmig.fullname" . }}-pods-node-scope.{{ include "flexmig.driverName" . }}{{- end -}}
+
+{{- define "flexmig.controllerEnabled" -}}
+{{- if eq .Values.allocationMode "controller" -}}true{{- end -}}
+{{- end -}}
+
+{{- define "flexmig.webhookEnabled" -}}
+{{- if and (eq .Values.allocationMode "controller") .Values.webhook.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{/* Where the plugin's DRA socket and checkpoint live on the host (and, identically, in the pod). */}}
+{{- define "flexmig.pluginDataDir" -}}
+{{- printf "%s/%s" (trimSuffix "/" .Values.kubeletPlugin.kubeletPluginsDir) (include "flexmig.driverName" .) -}}
+{{- end -}}
+
+{{/* Lease name is fixed in the controller (controller/leader.py LEASE_NAME). */}}
+{{- define "flexmig.leaseName" -}}flexmig-controller{{- end -}}

@@ -1,0 +1,87 @@
+"""The chart's values and schema agree with the code they configure (no helm binary needed).
+
+The e2e test (tests/e2e/test_helm_chart.py) renders the chart and runs the schema through helm;
+this one catches drift between the chart and the Python side early: an enum in the schema that no
+longer matches the CLI, a profile-name pattern that differs from the allowlist parser's, default
+values the components would reject, or a values key the schema does not describe.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from driver.catalog.allowlist import default_allowlist_data, parse_allowlist
+from driver.catalog.naming import PROFILE_NAME_PATTERN
+from flexmig.commands import controller as controller_cmd
+from kubeletplugin.config import LOG_FORMATS, LOG_LEVELS
+from kubeletplugin.nodeconfig import OperatingMode, parse_device_plugin_config
+
+CHART = Path(__file__).resolve().parents[2] / "deployments" / "helm" / "flexmig"
+
+
+@pytest.fixture(scope="module")
+def schema() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((CHART / "values.schema.json").read_text())
+    return data
+
+
+@pytest.fixture(scope="module")
+def values() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load((CHART / "values.yaml").read_text())
+    return data
+
+
+def prop(schema: dict[str, Any], path: str) -> dict[str, Any]:
+    node = schema
+    for key in path.split("."):
+        node = node["items"] if key == "[]" else node["properties"][key]
+    return node
+
+
+def test_every_value_is_described_by_the_schema(schema: dict[str, Any], values: dict[str, Any]) -> None:
+    """Closed objects in the schema must list every key values.yaml sets (helm would reject it)."""
+
+    def walk(value: Any, node: dict[str, Any], where: str) -> None:
+        if isinstance(value, dict) and "properties" in node:
+            for key, sub in value.items():
+                assert key in node["properties"] or node.get("additionalProperties", True) is not False, (
+                    f"{where}.{key} is not in values.schema.json"
+                )
+                if key in node["properties"]:
+                    walk(sub, node["properties"][key], f"{where}.{key}")
+
+    walk(values, schema, "values")
+
+
+def test_enums_match_the_cli(schema: dict[str, Any]) -> None:
+    assert prop(schema, "logLevel")["enum"] == list(LOG_LEVELS)
+    assert prop(schema, "logFormat")["enum"] == list(LOG_FORMATS)
+    assert prop(schema, "allocationMode")["enum"] == list(controller_cmd.MODES)
+    assert prop(schema, "controller.policy")["enum"] == list(controller_cmd.POLICIES)
+    modes = sorted(m.value for m in OperatingMode)
+    assert sorted(prop(schema, "nodeConfig.defaultOperatingMode")["enum"]) == modes
+    assert sorted(prop(schema, "nodeConfig.nodeconfig.[].operatingmode")["enum"]) == modes
+
+
+def test_profile_pattern_is_the_allowlist_parsers(schema: dict[str, Any]) -> None:
+    pattern = prop(schema, "deviceConfig.migProfileAllowlist.[].profiles.[]")["pattern"]
+    assert pattern == PROFILE_NAME_PATTERN
+    for name in ("1g.10gb", "1g.24gb+me.all", "1c.2g.20gb", "7g.141gb"):
+        assert re.search(pattern, name), name
+    assert not re.search(pattern, "1g.10GB")
+
+
+def test_defaults_load_with_the_components_parsers(values: dict[str, Any]) -> None:
+    allowlist = values["deviceConfig"]["migProfileAllowlist"]
+    assert allowlist == default_allowlist_data()
+    parse_allowlist(allowlist)
+    assert parse_device_plugin_config({"nodeconfig": values["nodeConfig"]["nodeconfig"]}) == {}
+    OperatingMode(values["nodeConfig"]["defaultOperatingMode"])
+    assert values["controller"]["metrics"]["service"]["nodePort"] == 31993
+    assert values["kubeletPlugin"]["metrics"]["service"]["nodePort"] == 31992
