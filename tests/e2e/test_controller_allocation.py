@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import pytest
 from kubernetes import client as k8s
+from prometheus_client import generate_latest
 
 from api.constants import ALLOCATION_GATE, ANNOTATION_MIG_ALLOCATIONS, DRIVER_NAME
 from controller.leader import LeaderElector
@@ -199,6 +200,36 @@ def test_gated_pod_is_allocated_released_and_bound(env: dict[str, Any]) -> None:
     assert record["profile"] == "1g.5gb" and "migUUID" not in record
     reserved = resource.read_namespaced_resource_claim("small", ns).status.reserved_for
     assert [r.name for r in reserved] == ["small"]
+
+    # The node writes the realised identity into status.devices (as the kubelet plugin does); the
+    # controller's hami_node_gpu_mig_instance_info must then show the instance with its placement.
+    current = request(api, "GET", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/small")
+    current["status"]["devices"] = [
+        {
+            "driver": DRIVER_NAME,
+            "pool": node,
+            "device": result.device,
+            "data": {
+                "migUUID": "MIG-11111111-2222-3333-4444-555555555555",
+                "gpuInstanceID": 7,
+                "computeInstanceID": 0,
+                "parentUUID": "GPU-e2e-parent",
+                "profile": "1g.5gb",
+                "placement": {"start": int(result.device.rsplit("-", 1)[1]), "size": 1},
+            },
+        }
+    ]
+    request(api, "PUT", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/small/status", current)
+
+    def instance_metric() -> str | None:
+        text = generate_latest(env["controller"].metrics.registry).decode()
+        rows = [line for line in text.splitlines() if line.startswith("hami_node_gpu_mig_instance_info{")]
+        return next((r for r in rows if "MIG-11111111-2222-3333-4444-555555555555" in r), None)
+
+    row = eventually(instance_metric, 30, "the controller to export the realised instance")
+    for label in (f'node="{node}"', 'profile="1g.5gb"', 'gpu_instance_id="7"', 'compute_instance_id="0"'):
+        assert label in row, row
+    assert 'placement_size="1"' in row and row.rstrip().endswith(" 1.0"), row
 
 
 def test_unplaceable_pod_waits_with_reason_then_placed_after_release(env: dict[str, Any]) -> None:
