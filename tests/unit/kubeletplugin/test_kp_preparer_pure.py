@@ -6,6 +6,7 @@ import argparse
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -182,7 +183,11 @@ def test_crashpoint_blocks_and_writes_marker(tmp_path: Path) -> None:
     cp.reach("after-ci-create")  # not armed: returns at once
     t = threading.Thread(target=cp.reach, args=("after-gi-create",), daemon=True)
     t.start()
-    t.join(timeout=0.5)
+    # Poll instead of a fixed wait: on a loaded 2-core machine the thread may take a while to start.
+    deadline = time.monotonic() + 20
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    t.join(timeout=0.2)
     assert t.is_alive() and marker.read_text() == "after-gi-create\n"
     with pytest.raises(ValueError, match="unknown points"):
         Crashpoints(frozenset({"typo"}), marker)

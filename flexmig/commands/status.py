@@ -1,0 +1,143 @@
+"""`flexmig status`: every GPU's slice map, drawn from the API: who holds which placement, what still fits.
+
+One-shot: lists the driver's ResourceSlices and every ResourceClaim once (raw JSON, paged), and the
+Pods too when some allocated claim does not name its pod itself, then renders them with
+controller/statusview.py. Credentials come from `--kubeconfig`, else $KUBECONFIG, else ~/.kube/config,
+else the in-cluster service account. Any failure to reach or read the API is one line on stderr naming
+the problem, and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from api.constants import DRIVER_NAME
+
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
+PODS = "/api/v1/pods"
+PAGE = 500
+
+
+class StatusError(Exception):
+    """A problem worth one line to the user (no traceback)."""
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "status",
+        help="draw every GPU's MIG slice map: taken placements, free slices, what still fits",
+        description=(
+            "List the flexmig ResourceSlices, ResourceClaims and Pods once and draw, per GPU, which "
+            "memory-slice placements are taken by which claim and pod, which are free, the "
+            "fragmentation, and how many instances of each allowed profile still fit."
+        ),
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        default=None,
+        help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config, else in-cluster config)",
+    )
+    parser.add_argument("--context", default=None, help="kubeconfig context (default: the current one)")
+    parser.add_argument("--node", default=None, metavar="NAME", help="only this node's GPUs")
+    parser.add_argument(
+        "--no-color",
+        action="store_true",
+        help="plain text (default: colour when stdout is a terminal and NO_COLOR is unset)",
+    )
+    parser.add_argument("--timeout", type=float, default=15.0, help="seconds per API request (default 15)")
+    parser.set_defaults(func=run)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def api_client(kubeconfig: str | None, context: str | None) -> Any:
+    """A `kubernetes.client.ApiClient` for the chosen credentials; StatusError if they cannot be loaded."""
+    from kubernetes import client as k8s
+    from kubernetes import config as kconfig
+
+    path = kubeconfig or os.environ.get("KUBECONFIG") or None
+    if path is None and Path("~/.kube/config").expanduser().is_file():
+        path = str(Path("~/.kube/config").expanduser())
+    if path is None:
+        try:
+            kconfig.load_incluster_config()  # type: ignore[no-untyped-call]
+        except kconfig.ConfigException as exc:
+            raise StatusError(
+                f"no kubeconfig ($KUBECONFIG unset, no ~/.kube/config) and not in a cluster: {_describe(exc)}"
+            ) from exc
+        return k8s.ApiClient()
+    for part in path.split(os.pathsep):
+        if part and not Path(part).expanduser().is_file():
+            raise StatusError(f"kubeconfig {part} does not exist")
+    try:
+        return kconfig.new_client_from_config(config_file=path, context=context)  # type: ignore[no-untyped-call]
+    except Exception as exc:  # ConfigException, YAML and key errors: all mean a bad file
+        raise StatusError(f"cannot load kubeconfig {path}: {_describe(exc)}") from exc
+
+
+def list_all(api: Any, path: str, timeout_s: float, field_selector: str = "") -> list[dict[str, Any]]:
+    """Every item of a list endpoint, following `continue` tokens; StatusError on any failure."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    from controller.rest import request
+
+    what = path.rsplit("/", 1)[-1]
+    items: list[dict[str, Any]] = []
+    token = ""
+    while True:
+        query = [("limit", str(PAGE))]
+        if token:
+            query.append(("continue", token))
+        if field_selector:
+            query.append(("fieldSelector", field_selector))
+        try:
+            body = request(api, "GET", path, query=query, timeout_s=timeout_s)
+        except ApiException as exc:
+            raise StatusError(
+                f"listing {what} failed: API server answered {exc.status} {exc.reason}".rstrip()
+            ) from exc
+        except (HTTPError, OSError) as exc:
+            host = getattr(getattr(api, "configuration", None), "host", "the API server")
+            raise StatusError(f"cannot reach the API server at {host}: {_describe(exc)}") from exc
+        except ValueError as exc:  # not JSON: something else answers at that address
+            raise StatusError(f"listing {what} failed: the answer is not JSON ({_describe(exc)})") from exc
+        items.extend(body.get("items") or ())
+        token = (body.get("metadata") or {}).get("continue") or ""
+        if not token:
+            return items
+
+
+def run(args: argparse.Namespace) -> int:
+    from controller.inventory import Inventory
+    from controller.statusview import collect_allocations, render
+
+    try:
+        api = api_client(args.kubeconfig, args.context)
+        try:
+            selector = f"spec.driver={DRIVER_NAME}"
+            if args.node:
+                selector += f",spec.nodeName={args.node}"
+            slices = list_all(api, SLICES, args.timeout, selector)
+            claims = list_all(api, CLAIMS, args.timeout)
+            allocations = collect_allocations(claims)
+            if any(not h.pods for h in allocations.holders.values()):
+                # Some claim names no pod itself (not reserved yet, not generated): find who references it.
+                allocations = collect_allocations(claims, list_all(api, PODS, args.timeout))
+        finally:
+            api.close()
+    except StatusError as exc:
+        print(f"flexmig status: {exc}", file=sys.stderr)
+        return 2
+    color = not args.no_color and sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    text = render(Inventory(slices), allocations, color=color, node=args.node)
+    print(text)
+    return 0
