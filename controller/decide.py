@@ -28,7 +28,7 @@ from controller.requests import (
     claim_requests,
 )
 from driver.policy.allocator import Policy
-from driver.policy.model import Choice, DeviceRequest, GpuRef, Placement, ShortReason
+from driver.policy.model import AllowedTable, Choice, DeviceRequest, GpuRef, Placement, ShortReason
 
 MAX_ALTERNATIVE_COMBINATIONS = 16
 MAX_CONSTRAINT_VALUES = 24
@@ -82,20 +82,6 @@ class _Slot:
 _EMPTY: frozenset[tuple[str, int]] = frozenset()
 
 
-def _on_nodes(
-    per_gpu: Mapping[GpuRef, frozenset[tuple[str, int]]], node_ok: Callable[[str], bool]
-) -> Callable[[GpuRef], Set[tuple[str, int]]]:
-    verdicts: dict[str, bool] = {}
-
-    def allowed(ref: GpuRef) -> Set[tuple[str, int]]:
-        ok = verdicts.get(ref.node)
-        if ok is None:
-            ok = verdicts[ref.node] = node_ok(ref.node)
-        return per_gpu.get(ref, _EMPTY) if ok else _EMPTY
-
-    return allowed
-
-
 def node_selector(node: str) -> dict[str, Any]:
     return {
         "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]
@@ -147,7 +133,8 @@ class Decider:
                 return Decision(reason=ControllerReason.INVALID_REQUEST, message=str(exc))
             if not cands.per_gpu:
                 return self._no_match(req, alt, cands)
-            filt = base.device_filter if node_ok is None else _on_nodes(cands.per_gpu, node_ok)
+            # Same pairs as base.device_filter (restricted to node_ok's nodes), in a form the policy indexes.
+            filt = AllowedTable(cands.per_gpu, node_ok)
             for i in range(alt.count):
                 slot = _Slot(ci, req, alt, f"{ci}:{alt.result_name}:{i}")
                 slots.append(slot)

@@ -13,6 +13,20 @@ LogFormat = Literal["auto", "json", "console"]
 _LEVELS = ("debug", "info", "warning", "error")
 
 
+class _CurrentStderr:
+    """A file that writes to whatever `sys.stderr` is at call time.
+
+    Binding the stream object at configuration would keep writing to a stream that was swapped out
+    and closed later (a test harness capturing output, a daemon redirecting stderr).
+    """
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure_logging(level: str = "info", fmt: LogFormat = "auto") -> None:
     """Configure structlog once per process.
 
@@ -37,7 +51,7 @@ def configure_logging(level: str = "info", fmt: LogFormat = "auto") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )
 

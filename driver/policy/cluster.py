@@ -1,14 +1,89 @@
-"""A mutable snapshot of every GPU the allocator may use, with cluster-wide capacity kept current."""
+"""A mutable snapshot of every GPU the allocator may use, with cluster-wide capacity kept current.
+
+Besides the capacity totals, the state keeps GPUs grouped by *state*: (catalog, occupancy) up to
+identity. GPUs in one state offer exactly the same candidates with the same capacity effects, so the
+policy evaluates each distinct state once per decision instead of once per GPU (see allocator.py).
+"""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Set
+from typing import Any
 
-from driver.catalog.types import MigProfile
+from driver.catalog.types import GpuCatalog, MigProfile
 from driver.placement.occupancy import Occupancy
-from driver.policy.capacity import CapacityModel, CapacityVector, add, request_classes, sub
+from driver.policy.capacity import (
+    CapacityModel,
+    CapacityVector,
+    add,
+    occupancy_signature,
+    request_classes,
+    sub,
+)
 from driver.policy.model import Choice, GpuRef, GpuState
+
+CatalogKey = tuple[Any, ...]
+StateKey = tuple[int, int, int, tuple[tuple[int, int], ...]]
+
+_MAX_LOG = 65536
+_MAX_TABLES = 32
+
+# Bound on interned states that no GPU is in (after-states the policy explored); cleared past this.
+_MAX_STATES = 32768
+
+
+def catalog_key(catalog: GpuCatalog) -> CatalogKey:
+    """Everything of a catalog that candidates, capacity and waste depend on (not its identity)."""
+    return (
+        catalog.model,
+        catalog.memory_slices,
+        catalog.compute_slices,
+        catalog.gpu.memory_total_mib,
+        catalog.profiles,
+        tuple(p.gi_profile_id for p in catalog.all_profiles),
+    )
+
+
+class GpuStateClass:
+    """One interned state: a representative catalog and occupancy, and its capacity vector."""
+
+    __slots__ = ("catalog", "cid", "free", "occupancy", "sid", "vector")
+
+    def __init__(self, sid: int, cid: int, catalog: GpuCatalog, occupancy: Occupancy, vector: CapacityVector):
+        self.sid = sid
+        self.cid = cid
+        self.catalog = catalog
+        self.occupancy = occupancy
+        self.free = occupancy.free_memory_slices
+        self.vector = vector
+
+
+class _TableGroups:
+    __slots__ = ("generation", "groups", "key_of", "position", "table")
+
+    def __init__(self, table: Mapping[GpuRef, Set[tuple[str, int]]], generation: int, position: int) -> None:
+        self.table = table
+        self.generation = generation
+        self.position = position
+        self.groups: dict[tuple[GpuStateClass, frozenset[tuple[str, int]]], dict[GpuRef, None]] = {}
+        self.key_of: dict[GpuRef, tuple[GpuStateClass, frozenset[tuple[str, int]]]] = {}
+
+    def add(self, ref: GpuRef, state: GpuStateClass | None, allowed: Set[tuple[str, int]]) -> None:
+        if state is None:
+            return
+        frozen = allowed if isinstance(allowed, frozenset) else frozenset(allowed)
+        key = (state, frozen)
+        self.groups.setdefault(key, {})[ref] = None
+        self.key_of[ref] = key
+
+    def remove(self, ref: GpuRef) -> None:
+        key = self.key_of.pop(ref, None)
+        if key is not None:
+            members = self.groups[key]
+            del members[ref]
+            if not members:
+                del self.groups[key]
 
 
 class ClusterState:
@@ -22,13 +97,33 @@ class ClusterState:
             self._by_node[gpu.ref.node].append(gpu.ref)
         for refs in self._by_node.values():
             refs.sort(key=lambda r: r.gpu_index)
+        self._node_names = sorted(self._by_node)
+        self._node_states: dict[str, list[GpuState]] = {
+            n: [self._gpus[r] for r in rs] for n, rs in self._by_node.items()
+        }
         self.capacity = CapacityModel(request_classes(g.catalog for g in self._gpus.values()))
         self._vectors: dict[GpuRef, CapacityVector] = {}
         self.total: CapacityVector = (0,) * len(self.capacity.classes)
+        # State index: catalog keys -> ids, (catalog id, occupancy) -> interned state, state -> GPUs in it.
+        self._catalog_ids: dict[CatalogKey, int] = {}
+        self._gpu_cid: dict[GpuRef, int] = {}
+        self._states: dict[StateKey, GpuStateClass] = {}
+        self._state_list: list[GpuStateClass] = []
+        self._gpu_state: dict[GpuRef, GpuStateClass | None] = {}
+        self._members: dict[int, dict[GpuRef, None]] = {}
+        self.memo: dict[Any, Any] = {}  # the policy's weight-independent evaluations, keyed by state
+        # GPUs whose state changed, in order, so table groupings (below) catch up without a full scan;
+        # `_generation` changes whenever the log is cut or states are re-interned (groupings rebuild).
+        self._log: list[GpuRef] = []
+        self._generation = 0
+        self._tables: dict[int, _TableGroups] = {}
         for ref, gpu in self._gpus.items():
             vec = self.capacity.vector(gpu.catalog, gpu.occupancy, gpu.whole_gpu_taken)
             self._vectors[ref] = vec
             self.total = add(self.total, vec)
+            key = catalog_key(gpu.catalog)
+            self._gpu_cid[ref] = self._catalog_ids.setdefault(key, len(self._catalog_ids))
+            self._index(ref, gpu)
 
     def gpu(self, ref: GpuRef) -> GpuState:
         return self._gpus[ref]
@@ -37,10 +132,14 @@ class ClusterState:
         return list(self._gpus.values())
 
     def nodes(self) -> list[str]:
-        return sorted(self._by_node)
+        return list(self._node_names)
 
     def node_gpus(self, node: str) -> list[GpuState]:
-        return [self._gpus[r] for r in self._by_node.get(node, [])]
+        return list(self._node_states.get(node, ()))
+
+    def node_refs(self, node: str) -> list[GpuRef]:
+        """The node's GPUs by index (do not modify)."""
+        return self._by_node.get(node, [])
 
     def vector(self, ref: GpuRef) -> CapacityVector:
         return self._vectors[ref]
@@ -53,6 +152,7 @@ class ClusterState:
         new = self.capacity.vector(gpu.catalog, occupancy, gpu.whole_gpu_taken)
         self.total = add(sub(self.total, self._vectors[ref]), new)
         self._vectors[ref] = new
+        self._index(ref, gpu)
 
     def commit(self, choices: Iterable[Choice]) -> None:
         for choice in choices:
@@ -62,3 +162,102 @@ class ClusterState:
     def release(self, ref: GpuRef, profile: MigProfile, start: int) -> None:
         gpu = self._gpus[ref]
         self.set_occupancy(ref, gpu.occupancy.remove(profile, start))
+
+    # --- state index (for the policy) --------------------------------------------------------------
+
+    def state_of(self, ref: GpuRef) -> GpuStateClass | None:
+        """The interned state of a GPU; None while its whole-GPU device is taken."""
+        return self._gpu_state[ref]
+
+    def live_states(self) -> list[tuple[GpuStateClass, dict[GpuRef, None]]]:
+        """Every state some GPU is in, with those GPUs (in no particular order)."""
+        return [(self._state_list[sid], refs) for sid, refs in self._members.items()]
+
+    def intern(self, cid: int, catalog: GpuCatalog, occupancy: Occupancy) -> GpuStateClass:
+        key: StateKey = (
+            cid,
+            occupancy.memory_slices,
+            occupancy.compute_slices,
+            occupancy_signature(occupancy),
+        )
+        state = self._states.get(key)
+        if state is None:
+            vec = self.capacity.vector(catalog, occupancy)
+            state = GpuStateClass(len(self._state_list), cid, catalog, occupancy, vec)
+            self._states[key] = state
+            self._state_list.append(state)
+        return state
+
+    def trim(self) -> None:
+        """Bound memory: past `_MAX_STATES` interned states, forget them all (and the policy's memo).
+
+        Called between decisions only: state objects a decision holds stay valid, but ids are reused.
+        """
+        if len(self._state_list) >= _MAX_STATES:
+            self._reset_states()
+
+    def table_groups(
+        self, table: Mapping[GpuRef, Set[tuple[str, int]]]
+    ) -> dict[tuple[GpuStateClass, frozenset[tuple[str, int]]], dict[GpuRef, None]]:
+        """GPUs listed in `table` with a non-empty allowed set, grouped by (state, allowed set).
+
+        Kept current across calls from the change log; `table` must not change while it is cached
+        (it is held, so its id stays unique).
+        """
+        entry = self._tables.get(id(table))
+        if entry is None or entry.table is not table or entry.generation != self._generation:
+            if entry is None and len(self._tables) >= _MAX_TABLES:
+                del self._tables[next(iter(self._tables))]
+            entry = _TableGroups(table, self._generation, len(self._log))
+            for ref, allowed in table.items():
+                if allowed and ref in self._gpus:
+                    entry.add(ref, self._gpu_state[ref], allowed)
+            self._tables[id(table)] = entry
+            return entry.groups
+        log = self._log
+        if entry.position < len(log):
+            for ref in set(log[entry.position :]):
+                pairs = table.get(ref)
+                if pairs:
+                    entry.remove(ref)
+                    entry.add(ref, self._gpu_state[ref], pairs)
+            entry.position = len(log)
+        return entry.groups
+
+    def _index(self, ref: GpuRef, gpu: GpuState) -> None:
+        if len(self._state_list) >= _MAX_STATES:
+            self._reset_states()  # re-indexes the GPUs indexed so far from their current occupancy
+        if len(self._log) >= _MAX_LOG:
+            self._log.clear()
+            self._generation += 1
+        self._log.append(ref)
+        old = self._gpu_state.get(ref)
+        if old is not None:
+            members = self._members[old.sid]
+            del members[ref]
+            if not members:
+                del self._members[old.sid]
+        if gpu.whole_gpu_taken:
+            self._gpu_state[ref] = None
+            return
+        state = self.intern(self._gpu_cid[ref], gpu.catalog, gpu.occupancy)
+        self._gpu_state[ref] = state
+        self._members.setdefault(state.sid, {})[ref] = None
+
+    def _reset_states(self) -> None:
+        """Forget every interned state and the policy's memo; re-intern the GPUs' current states."""
+        self._states.clear()
+        self._state_list.clear()
+        self._members.clear()
+        self.memo.clear()
+        self._generation += 1
+        current = list(self._gpu_state)
+        self._gpu_state.clear()
+        for ref in current:
+            gpu = self._gpus[ref]
+            if not gpu.whole_gpu_taken:
+                state = self.intern(self._gpu_cid[ref], gpu.catalog, gpu.occupancy)
+                self._gpu_state[ref] = state
+                self._members.setdefault(state.sid, {})[ref] = None
+            else:
+                self._gpu_state[ref] = None

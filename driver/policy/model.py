@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Set
+from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -39,6 +39,42 @@ DeviceFilter = Callable[[GpuRef], Set[tuple[str, int]] | None]
 The controller builds one from the claim's CEL selectors (only devices that are published and match
 may be allocated); the policy stays free of Kubernetes and CEL.
 """
+
+
+_NOTHING: frozenset[tuple[str, int]] = frozenset()
+
+
+class AllowedTable:
+    """A `DeviceFilter` backed by a fixed table: GPU -> allowed pairs (absent: none), optionally only on
+    nodes `node_ok` accepts (asked once per node).
+
+    The table must not change while the filter is in use. The policy recognises this filter and keeps
+    its GPUs grouped by (state, allowed set) across decisions, instead of asking for every GPU.
+    """
+
+    __slots__ = ("_verdicts", "node_ok", "table")
+
+    def __init__(
+        self,
+        table: Mapping[GpuRef, frozenset[tuple[str, int]]],
+        node_ok: Callable[[str], bool] | None = None,
+    ) -> None:
+        self.table = table
+        self.node_ok = node_ok
+        self._verdicts: dict[str, bool] = {}
+
+    def node_allowed(self, node: str) -> bool:
+        if self.node_ok is None:
+            return True
+        ok = self._verdicts.get(node)
+        if ok is None:
+            ok = self._verdicts[node] = self.node_ok(node)
+        return ok
+
+    def __call__(self, ref: GpuRef) -> frozenset[tuple[str, int]]:
+        if self.node_ok is not None and not self.node_allowed(ref.node):
+            return _NOTHING
+        return self.table.get(ref, _NOTHING)
 
 
 @dataclass(frozen=True, slots=True)
