@@ -184,45 +184,74 @@ def _freeze(value: Any) -> Any:
     return value
 
 
+_INTERNED: dict[Any, Any] = {}
+_INTERN_LIMIT = 1_000_000
+
+
+def _intern(value: Any) -> Any:
+    """One shared object per distinct (name, value) pair: at 1000 nodes x 8 GPUs there are ~200k
+    published devices, but their attribute/capacity pairs repeat across GPUs of a model."""
+    if len(_INTERNED) >= _INTERN_LIMIT:
+        _INTERNED.clear()
+    return _INTERNED.setdefault(value, value)
+
+
 @dataclass(slots=True)
 class CelDevice:
-    """A published device as CEL sees it, built once per device from the slice JSON."""
+    """A published device as CEL sees it.
+
+    Only the memo key (`items`, of interned pairs) is kept per device; the CEL activation (`env`) is
+    rebuilt from the slice JSON, which the watch cache holds anyway, on the rare memo miss. Keeping a
+    parsed activation per device cost ~3 KB each, most of the controller's memory at 1000 nodes.
+    """
 
     driver: str
-    env: dict[str, Any]
+    raw: Mapping[str, Any]
     # ((domain, id), frozen value) pairs for memo keys
     items: tuple[tuple[tuple[str, str], Any], ...]
     allow_multiple: bool = False
 
     @classmethod
     def from_slice_device(cls, driver: str, device: Mapping[str, Any]) -> CelDevice:
-        attributes: dict[str, dict[str, Any]] = {}
-        capacity: dict[str, dict[str, Any]] = {}
-        items: list[tuple[tuple[str, str], Any]] = []
-        for key, raw in (device.get("attributes") or {}).items():
-            domain, ident = _split(key, driver)
-            try:
-                value = _attribute_value(raw)
-            except CelRuntimeError:
-                continue  # an attribute type this runtime does not know cannot be selected on
-            attributes.setdefault(domain, {})[ident] = value
-            items.append(((domain, ident), _freeze(value)))
-        for key, raw in (device.get("capacity") or {}).items():
-            domain, ident = _split(key, driver)
-            try:
-                value = quantity_value(parse_quantity(raw.get("value", "")))
-            except QuantityError:
-                continue
-            capacity.setdefault(domain, {})[ident] = value
-            items.append(((domain, "cap:" + ident), value[_QKEY]))
+        _, items = _parse(driver, device)
         allow = bool(device.get("allowMultipleAllocations", False))
-        env = {
-            "driver": driver,
-            "attributes": attributes,
-            "capacity": capacity,
-            "allowMultipleAllocations": allow,
-        }
-        return cls(driver, env, tuple(sorted(items)), allow)
+        return cls(driver, device, tuple(sorted(_intern(i) for i in items)), allow)
+
+    @property
+    def env(self) -> dict[str, Any]:
+        env, _ = _parse(self.driver, self.raw)
+        return env
+
+
+def _parse(
+    driver: str, device: Mapping[str, Any]
+) -> tuple[dict[str, Any], list[tuple[tuple[str, str], Any]]]:
+    attributes: dict[str, dict[str, Any]] = {}
+    capacity: dict[str, dict[str, Any]] = {}
+    items: list[tuple[tuple[str, str], Any]] = []
+    for key, raw in (device.get("attributes") or {}).items():
+        domain, ident = _split(key, driver)
+        try:
+            value = _attribute_value(raw)
+        except CelRuntimeError:
+            continue  # an attribute type this runtime does not know cannot be selected on
+        attributes.setdefault(domain, {})[ident] = value
+        items.append(((domain, ident), _freeze(value)))
+    for key, raw in (device.get("capacity") or {}).items():
+        domain, ident = _split(key, driver)
+        try:
+            value = quantity_value(parse_quantity(raw.get("value", "")))
+        except QuantityError:
+            continue
+        capacity.setdefault(domain, {})[ident] = value
+        items.append(((domain, "cap:" + ident), value[_QKEY]))
+    env = {
+        "driver": driver,
+        "attributes": attributes,
+        "capacity": capacity,
+        "allowMultipleAllocations": bool(device.get("allowMultipleAllocations", False)),
+    }
+    return env, items
 
 
 @dataclass(slots=True)
