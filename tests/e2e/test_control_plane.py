@@ -19,6 +19,7 @@ from .cluster import (
     heartbeat_node,
     model,
 )
+from .objects import claim_body, pod_body
 
 pytestmark = pytest.mark.e2e
 
@@ -193,55 +194,12 @@ def test_resource_slices_with_shared_counters_accepted(api: Any, gpu_node: dict[
 
 
 def _claim(name: str, device_class: str, device_type: str) -> k8s.ResourceV1ResourceClaim:
-    return model(
-        k8s.ResourceV1ResourceClaim,
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": name},
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {
-                            "name": "gpu",
-                            "exactly": {
-                                "deviceClassName": device_class,
-                                "selectors": [
-                                    {
-                                        "cel": {
-                                            "expression": f'device.attributes["{DRIVER}"].type == "{device_type}"'
-                                        }
-                                    }
-                                ],
-                            },
-                        }
-                    ]
-                }
-            },
-        },
-    )
+    selector = f'device.attributes["{DRIVER}"].type == "{device_type}"'
+    return model(k8s.ResourceV1ResourceClaim, claim_body(name, device_class, [selector]))
 
 
 def _pod(name: str, claim: str) -> k8s.V1Pod:
-    return model(
-        k8s.V1Pod,
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name},
-            "spec": {
-                "automountServiceAccountToken": False,
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": "registry.invalid/e2e:never-pulled",
-                        "resources": {"claims": [{"name": "gpu"}]},
-                    }
-                ],
-                "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
-            },
-        },
-    )
+    return model(k8s.V1Pod, pod_body(name, claim))
 
 
 def test_scheduler_allocates_claim_and_honours_counters(api: Any, gpu_node: dict[str, str]) -> None:

@@ -28,6 +28,7 @@ from kubeletplugin.nodeconfig import NodeConfig, OperatingMode
 from kubeletplugin.slices import build_node_slices
 
 from .cluster import ControlPlane, create_namespace, create_ready_node, heartbeat_node
+from .objects import claim_body, pod_body
 
 pytestmark = pytest.mark.e2e
 T = TypeVar("T")
@@ -116,47 +117,8 @@ def env(control_plane: ControlPlane) -> Iterator[dict[str, Any]]:
             k8s.CoreV1Api(api).delete_node(node)
 
 
-def _claim(name: str, device_class: str, selector: str, count: int = 1) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": "gpu",
-                        "exactly": {
-                            "deviceClassName": device_class,
-                            "count": count,
-                            "selectors": [{"cel": {"expression": selector}}],
-                        },
-                    }
-                ],
-                "config": CONFIG,
-            }
-        },
-    }
-
-
-def _pod(name: str, claim: dict[str, str]) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "schedulingGates": [{"name": ALLOCATION_GATE}],
-            "automountServiceAccountToken": False,
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "registry.invalid/e2e:never-pulled",
-                    "resources": {"claims": [{"name": "gpu"}]},
-                }
-            ],
-            "resourceClaims": [{"name": "gpu", **claim}],
-        },
-    }
+def _gated_pod(name: str, claim: str | dict[str, str]) -> dict[str, Any]:
+    return pod_body(name, claim, gates=[ALLOCATION_GATE])
 
 
 def _create(api: Any, ns: str, plural: str, body: dict[str, Any]) -> None:
@@ -173,8 +135,10 @@ def test_gated_pod_is_allocated_released_and_bound(env: dict[str, Any]) -> None:
     core: Any = k8s.CoreV1Api(api)
     resource: Any = k8s.ResourceV1Api(api)
     eventually(env["elector"].is_leader, 30, "the controller to win the leader election")
-    _create(api, ns, "resourceclaims", _claim("small", env["class"], _mem_selector(4000)))
-    _create(api, ns, "pods", _pod("small", {"resourceClaimName": "small"}))
+    _create(
+        api, ns, "resourceclaims", claim_body("small", env["class"], [_mem_selector(4000)], config=CONFIG)
+    )
+    _create(api, ns, "pods", _gated_pod("small", {"resourceClaimName": "small"}))
 
     def allocated() -> Any:
         claim = resource.read_namespaced_resource_claim("small", ns)
@@ -246,12 +210,12 @@ def test_unplaceable_pod_waits_with_reason_then_placed_after_release(env: dict[s
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaimTemplate",
             "metadata": {"name": "big"},
-            "spec": {"spec": _claim("x", env["class"], _mem_selector(60000))["spec"]},
+            "spec": {"spec": claim_body("x", env["class"], [_mem_selector(60000)], config=CONFIG)["spec"]},
         },
     )
-    _create(api, ns, "pods", _pod("big-1", {"resourceClaimTemplateName": "big"}))
+    _create(api, ns, "pods", _gated_pod("big-1", {"resourceClaimTemplateName": "big"}))
     eventually(lambda: core.read_namespaced_pod("big-1", ns).spec.node_name, 60, "big-1 bound")
-    _create(api, ns, "pods", _pod("big-2", {"resourceClaimTemplateName": "big"}))
+    _create(api, ns, "pods", _gated_pod("big-2", {"resourceClaimTemplateName": "big"}))
 
     def condition() -> Any:
         status = core.read_namespaced_pod("big-2", ns).status

@@ -18,40 +18,9 @@ from kubeletplugin.nodeconfig import NodeConfig, OperatingMode
 from kubeletplugin.slices import build_node_slices
 
 from .cluster import ControlPlane, create_namespace
+from .objects import claim_body, pod_body
 
 pytestmark = pytest.mark.e2e
-
-
-def _claim(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name},
-        "spec": {
-            "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": f"mig.{DRIVER_NAME}"}}]}
-        },
-    }
-
-
-def _pod(name: str, claim: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            # A gate nobody removes: the pod stays pending, so its reservation is never cleaned up.
-            "schedulingGates": [{"name": "e2e.flexmig.dev/hold"}],
-            "automountServiceAccountToken": False,
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "registry.invalid/e2e:never-pulled",
-                    "resources": {"claims": [{"name": "gpu"}]},
-                }
-            ],
-            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
-        },
-    }
 
 
 def _allocate(api: Any, ns: str, name: str, node: str, device: str, status: dict[str, Any]) -> None:
@@ -86,8 +55,18 @@ def test_status_draws_the_slice_map(control_plane: ControlPlane, capsys: pytest.
                 request(api, "POST", "/apis/resource.k8s.io/v1/resourceslices", s.body)
             create_namespace(api, ns)
             for name in ("train", "infer"):
-                request(api, "POST", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims", _claim(name))
-            pod = request(api, "POST", f"/api/v1/namespaces/{ns}/pods", _pod("trainer", "train"))
+                request(
+                    api,
+                    "POST",
+                    f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims",
+                    claim_body(name, f"mig.{DRIVER_NAME}"),
+                )
+            pod = request(
+                api,
+                "POST",
+                f"/api/v1/namespaces/{ns}/pods",
+                pod_body("trainer", "train", gates=["e2e.flexmig.dev/hold"]),
+            )
             big = "gpu-0-mig-3g20gb-9-4"
             _allocate(
                 api,

@@ -9,9 +9,9 @@ from collections.abc import Sequence
 
 from driver.catalog.types import MigProfile
 from driver.placement.occupancy import Occupancy
-from driver.policy.allocator import _free_placements, _order, _profiles_for, _serves, explain_failure
 from driver.policy.capacity import CapacityVector
 from driver.policy.cluster import ClusterState
+from driver.policy.explain import explain_failure, free_placements, largest_first, profiles_for, serves
 from driver.policy.model import Choice, DeviceRequest, GpuRef, GpuState, Placement
 
 
@@ -65,14 +65,14 @@ class ReferencePackingPolicy:
         vectors: dict[GpuRef, CapacityVector] = {g.ref: cluster.vector(g.ref) for g in gpus}
         total_cost = 0.0
         choices: list[Choice] = []
-        for request in _order(requests):
+        for request in largest_first(requests):
             pick: tuple[tuple[float, int, int, int], Choice, Occupancy, CapacityVector] | None = None
             for gpu in gpus:
-                if gpu.whole_gpu_taken or not _serves(gpu, request):
+                if gpu.whole_gpu_taken or not serves(gpu, request):
                     continue
                 occ = occupancies[gpu.ref]
-                for rank, profile in enumerate(_profiles_for(gpu, request)):
-                    for placement in _free_placements(gpu, occ, profile, request):
+                for rank, profile in enumerate(profiles_for(gpu, request)):
+                    for placement in free_placements(gpu, occ, profile, request):
                         after = occ.place(profile, placement.start)
                         vec = cluster.capacity.vector(gpu.catalog, after)
                         loss = sum(
@@ -120,10 +120,10 @@ class ReferenceFirstFitPolicy:
         gpus: list[GpuState], occupancies: dict[GpuRef, Occupancy], request: DeviceRequest
     ) -> Choice | None:
         for gpu in gpus:
-            if gpu.whole_gpu_taken or not _serves(gpu, request):
+            if gpu.whole_gpu_taken or not serves(gpu, request):
                 continue
-            for profile in _profiles_for(gpu, request):
-                free = _free_placements(gpu, occupancies[gpu.ref], profile, request)
+            for profile in profiles_for(gpu, request):
+                free = free_placements(gpu, occupancies[gpu.ref], profile, request)
                 if free:
                     return Choice(request.name, gpu.ref, profile, free[0].start)
         return None
