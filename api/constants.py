@@ -53,6 +53,7 @@ _DNS_LABEL_RE = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?")
 # format(parse(s)) == s both hold.
 _UINT = r"(?:0|[1-9][0-9]*)"
 _WHOLE_RE = re.compile(rf"gpu-(?P<gpu>{_UINT})")
+_SHARED_RE = re.compile(rf"gpu-(?P<gpu>{_UINT})-shared")
 _MIG_RE = re.compile(
     rf"gpu-(?P<gpu>{_UINT})-mig-(?P<profile>[a-z0-9]+(?:-[a-z0-9]+)*?)-(?P<gi>{_UINT})-(?P<start>{_UINT})"
 )
@@ -63,11 +64,13 @@ _PROFILE_RE = re.compile(r"[a-z0-9]+(?:[.+-][a-z0-9]+)*")
 class DeviceKind(enum.StrEnum):
     WHOLE = "whole"
     MIG = "mig"
+    SHARED = "shared"
+    """A whole GPU shared through HAMi-core (allowMultipleAllocations), on hami-core nodes."""
 
 
 @dataclass(frozen=True, slots=True)
 class DeviceName:
-    """A parsed flexmig device name. The MIG fields are None for a whole GPU."""
+    """A parsed flexmig device name. The MIG fields are None for a whole or shared GPU."""
 
     kind: DeviceKind
     gpu_index: int
@@ -79,6 +82,8 @@ class DeviceName:
     def __str__(self) -> str:
         if self.kind is DeviceKind.WHOLE:
             return whole_gpu_device_name(self.gpu_index)
+        if self.kind is DeviceKind.SHARED:
+            return shared_gpu_device_name(self.gpu_index)
         if self.profile is None or self.gi_profile_id is None or self.start is None:
             raise ValueError(f"incomplete MIG device name: {self!r}")
         return _join_mig(self.gpu_index, self.profile, self.gi_profile_id, self.start)
@@ -119,6 +124,12 @@ def whole_gpu_device_name(gpu_index: int) -> str:
     return _checked(f"gpu-{gpu_index}")
 
 
+def shared_gpu_device_name(gpu_index: int) -> str:
+    """The HAMi-core shareable device of a GPU on a hami-core node: gpu-<i>-shared."""
+    _check_index("gpu_index", gpu_index)
+    return _checked(f"gpu-{gpu_index}-shared")
+
+
 def counter_set_name(gpu_index: int) -> str:
     """The KEP-4815 counter set of one GPU: gpu-<i>-counter-set."""
     _check_index("gpu_index", gpu_index)
@@ -153,12 +164,16 @@ def mig_device_name(gpu_index: int, profile_name: str, gi_profile_id: int, start
 
 
 def parse_device_name(name: str) -> DeviceName:
-    """Parse a whole-GPU or MIG device name; ValueError for anything else (counter sets included)."""
+    """Parse a whole-GPU, shared-GPU or MIG device name; ValueError for anything else (counter sets
+    included)."""
     if not isinstance(name, str) or not is_dns_label(name):
         raise ValueError(f"{name!r} is not a flexmig device name")
     m = _WHOLE_RE.fullmatch(name)
     if m is not None:
         return DeviceName(kind=DeviceKind.WHOLE, gpu_index=int(m["gpu"]))
+    m = _SHARED_RE.fullmatch(name)
+    if m is not None:
+        return DeviceName(kind=DeviceKind.SHARED, gpu_index=int(m["gpu"]))
     # The profile group is non-greedy and the last two groups are anchored at the end, so an
     # encoded profile containing '-' ("1g24gb-me") or digit segments still splits unambiguously:
     # the GI profile id and the start are always the final two segments.

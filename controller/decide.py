@@ -1,23 +1,27 @@
 """One pod's claims -> one decision: every device of every claim on one node, or why not.
 
 No I/O: the allocation loop, the benchmark and the property tests all call `Decider.decide` against the
-same inventory/ledger. The policy (driver/policy) chooses node, GPU, profile and placement; this module
-feeds it the candidates, walks `firstAvailable` alternatives in order (earlier ones win, as in
-kube-scheduler), enforces `matchAttribute` / `distinctAttribute` constraints, and re-checks the result
-against the published counters before anything is written.
+same inventory/ledger. The MIG policy (driver/policy/allocator.py) chooses node, GPU, profile and
+placement of MIG devices; the share policy (driver/policy/shared.py) chooses the HAMi-core GPUs of
+shares; this module feeds them the candidates, keeps every device of the pod on one node, walks
+`firstAvailable` alternatives (earlier ones win, as in kube-scheduler, except that a request mixing MIG
+and HAMi-core alternatives takes the one stranding the least memory: controller/shares.py), enforces
+`matchAttribute` / `distinctAttribute` constraints, and re-checks the result against the published
+counters before anything is written.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Mapping, Sequence, Set
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from api.constants import DRIVER_NAME
-from controller.inventory import DeviceKey, PublishedDevice
-from controller.ledger import Ledger
+from controller.constraints import ConstraintChecker, Plan, Slot
+from controller.inventory import PublishedDevice
+from controller.ledger import Held, Ledger, ShareUse
 from controller.requests import (
     Alternative,
     CandidateIndex,
@@ -27,11 +31,27 @@ from controller.requests import (
     allocation_config,
     claim_requests,
 )
+from controller.shares import (
+    AltKind,
+    Classified,
+    ShareAmounts,
+    classify,
+    is_mixed,
+    mig_stranded,
+    share_result,
+)
 from driver.policy.allocator import Policy
-from driver.policy.model import AllowedTable, Choice, DeviceRequest, GpuRef, Placement, ShortReason
+from driver.policy.model import AllowedTable, DeviceRequest, ShortReason
+from driver.policy.shared import (
+    SharedGpuState,
+    ShareRequest,
+    explain_shares,
+    feasible_nodes,
+    place_on_node,
+    place_shares,
+)
 
 MAX_ALTERNATIVE_COMBINATIONS = 16
-MAX_CONSTRAINT_VALUES = 24
 
 
 class ControllerReason(StrEnum):
@@ -49,14 +69,16 @@ class ClaimAllocation:
     results: list[dict[str, Any]]
     config: list[dict[str, Any]]
     devices: list[PublishedDevice]
+    held: list[Held] = field(default_factory=list)
 
     @property
     def uid(self) -> str:
         return str(self.claim["metadata"]["uid"])
 
     @property
-    def keys(self) -> list[DeviceKey]:
-        return [(d.pool, d.name) for d in self.devices]
+    def keys(self) -> list[Held]:
+        """What the ledger must count for this claim: (pool, device) per MIG device, a ShareUse per share."""
+        return list(self.held) if self.held else [(d.pool, d.name) for d in self.devices]
 
 
 @dataclass(slots=True)
@@ -65,21 +87,12 @@ class Decision:
     allocations: list[ClaimAllocation] = field(default_factory=list)
     reason: str | None = None
     message: str = ""
+    stranded_mib: int = 0  # memory stranded by the devices of mixed MIG/HAMi-core requests
+    isolated: int = 0  # MIG devices chosen for mixed requests (ties go to isolation)
 
     @property
     def ok(self) -> bool:
         return self.reason is None
-
-
-@dataclass(frozen=True, slots=True)
-class _Slot:
-    claim_index: int
-    request: ClaimRequest
-    alternative: Alternative
-    policy_name: str
-
-
-_EMPTY: frozenset[tuple[str, int]] = frozenset()
 
 
 def node_selector(node: str) -> dict[str, Any]:
@@ -88,11 +101,18 @@ def node_selector(node: str) -> dict[str, Any]:
     }
 
 
+Picked = list[tuple[tuple[int, ClaimRequest], Alternative]]
+
+
 class Decider:
     def __init__(self, ledger: Ledger, index: CandidateIndex, policy: Policy) -> None:
         self.ledger = ledger
         self.index = index
         self.policy = policy
+        self.amounts = ShareAmounts(ledger.inventory, index.share_amounts_cache)
+        self.check = ConstraintChecker(ledger.inventory)
+        self._states: dict[Any, SharedGpuState] = {}
+        self._classified: dict[tuple[str, str], Classified | Decision] = {}
 
     def decide(
         self,
@@ -105,166 +125,170 @@ class Decider:
             per_claim = [claim_requests(c, classes) for c in claims]
         except RequestError as exc:
             return Decision(reason=ControllerReason.INVALID_REQUEST, message=str(exc))
+        self._states = self.ledger.shared_states()
+        self._classified = {}
         flat = [(ci, req) for ci, reqs in enumerate(per_claim) for req in reqs]
-        last: Decision | None = None
-        combos = itertools.product(*(req.alternatives for _, req in flat))
-        for combo in itertools.islice(combos, MAX_ALTERNATIVE_COMBINATIONS):
-            decision = self._try(claims, classes, list(zip(flat, combo, strict=True)), node_ok)
-            if decision.ok:
-                return decision
-            if last is None:
-                last = decision  # the first (most preferred) combination explains best
-        assert last is not None
-        return last
+        mixed = {i for i, (_, req) in enumerate(flat) if self._mixed(req)}
+        mixed_order = sorted(mixed)
+        strict = [i for i in range(len(flat)) if i not in mixed]
+        failures: list[Decision] = []
+        tried = 0
+        # Strict requests in KEP order (outer loop, first success wins); for each, every combination of
+        # the mixed requests' alternatives, the least stranded memory winning (controller/shares.py).
+        for outer in itertools.product(*(flat[i][1].alternatives for i in strict)):
+            best: tuple[tuple[int, int, int], Decision] | None = None
+            for order, inner in enumerate(itertools.product(*(flat[i][1].alternatives for i in mixed_order))):
+                if tried >= MAX_ALTERNATIVE_COMBINATIONS:
+                    break
+                tried += 1
+                chosen = dict(zip(strict, outer, strict=True)) | dict(zip(mixed_order, inner, strict=True))
+                picked = [(flat[i], chosen[i]) for i in range(len(flat))]
+                decision = self._try(claims, classes, picked, node_ok, mixed)
+                if decision.ok:
+                    key = (decision.stranded_mib, -decision.isolated, order)
+                    if best is None or key < best[0]:
+                        best = (key, decision)
+                    if not mixed:
+                        break
+                else:
+                    failures.append(decision)
+            if best is not None:
+                return best[1]
+            if tried >= MAX_ALTERNATIVE_COMBINATIONS:
+                break
+        # The reason of the first (most preferred) combination; the message says why each one failed.
+        first = failures[0]
+        if len(failures) > 1:
+            messages = list(dict.fromkeys(f.message for f in failures if f.message))
+            return Decision(reason=first.reason, message="; or: ".join(messages[:3]))
+        return first
+
+    # --- classification ------------------------------------------------------------------------------
+
+    def _classify(self, req: ClaimRequest, alt: Alternative) -> Classified | Decision:
+        key = (req.claim, alt.result_name)
+        hit = self._classified.get(key)
+        if hit is None:
+            where = f"claim {req.claim} spec.devices.requests[{alt.result_name}]"
+            try:
+                hit = classify(self.index, alt, where)
+            except RequestError as exc:
+                hit = Decision(reason=ControllerReason.INVALID_REQUEST, message=str(exc))
+            self._classified[key] = hit
+        return hit
+
+    def _mixed(self, req: ClaimRequest) -> bool:
+        if len(req.alternatives) < 2:
+            return False
+        kinds = [c.kind for a in req.alternatives if isinstance(c := self._classify(req, a), Classified)]
+        return is_mixed(kinds)
+
+    # --- one combination ---------------------------------------------------------------------------
 
     def _try(
         self,
         claims: Sequence[Mapping[str, Any]],
         classes: Mapping[str, Mapping[str, Any]],
-        picked: list[tuple[tuple[int, ClaimRequest], Alternative]],
+        picked: Picked,
         node_ok: Callable[[str], bool] | None,
+        mixed: set[int],
     ) -> Decision:
-        slots: list[_Slot] = []
-        requests: list[DeviceRequest] = []
-        for (ci, req), alt in picked:
-            try:
-                base, cands = self.index.device_request("", alt)
-            except RequestError as exc:
-                return Decision(reason=ControllerReason.INVALID_REQUEST, message=str(exc))
-            if not cands.per_gpu:
-                return self._no_match(req, alt, cands)
-            # Same pairs as base.device_filter (restricted to node_ok's nodes), in a form the policy indexes.
-            filt = AllowedTable(cands.per_gpu, node_ok)
+        slots: list[Slot] = []
+        mig_requests: list[DeviceRequest] = []
+        share_requests: list[ShareRequest] = []
+        for fi, ((ci, req), alt) in enumerate(picked):
+            c = self._classify(req, alt)
+            if isinstance(c, Decision):
+                return c
+            if c.kind is AltKind.NONE:
+                return self._no_match(req, alt, c.mig)
+            if c.kind is AltKind.MIG:
+                # The pairs the selectors admit (restricted to node_ok's nodes), in a form the policy indexes.
+                filt = AllowedTable(c.mig.per_gpu, node_ok)
+                for i in range(alt.count):
+                    slot = Slot(ci, fi, req, alt, f"{ci}:{alt.result_name}:{i}", AltKind.MIG)
+                    slots.append(slot)
+                    mig_requests.append(
+                        DeviceRequest(slot.policy_name, c.mig.min_memory_mib, device_filter=filt)
+                    )
+                continue
+            where = f"claim {req.claim} spec.devices.requests[{alt.result_name}]"
+            amounts, refusal, too_large = self.amounts.amounts(alt, c.shared, where)
+            if not amounts:
+                reason = (
+                    ControllerReason.NO_MATCHING_DEVICE if too_large else ControllerReason.INVALID_REQUEST
+                )
+                return Decision(reason=reason, message=refusal)
             for i in range(alt.count):
-                slot = _Slot(ci, req, alt, f"{ci}:{alt.result_name}:{i}")
+                slot = Slot(ci, fi, req, alt, f"{ci}:{alt.result_name}:{i}", AltKind.SHARED)
                 slots.append(slot)
-                requests.append(DeviceRequest(slot.policy_name, base.memory_mib, device_filter=filt))
-        placement = self.policy.place(self.ledger.cluster, requests)
-        if placement.ok:
-            problem = self._constraint_violation(claims, slots, placement)
-            if problem is None:
-                return self._decision(claims, classes, slots, placement)
-            retried = self._retry_match(claims, classes, slots, requests, problem)
-            if retried is not None:
-                return retried
-            return Decision(reason=ControllerReason.CONSTRAINT_UNSATISFIED, message=problem[1])
-        return Decision(reason=str(placement.reason), message=placement.message)
+                share_requests.append(ShareRequest(slot.policy_name, amounts, group=str(ci)))
+        plan = self._place(mig_requests, share_requests, node_ok)
+        if isinstance(plan, Decision):
+            return plan
+        problem = self.check.violation(claims, slots, plan)
+        if problem is None:
+            return self._decision(claims, classes, slots, plan, mixed)
+        for mig_pinned, share_pinned in self.check.pinned_variants(
+            self.ledger.cluster, slots, mig_requests, share_requests, problem
+        ):
+            again = self._place(mig_pinned, share_pinned, node_ok)
+            if isinstance(again, Plan) and self.check.violation(claims, slots, again) is None:
+                return self._decision(claims, classes, slots, again, mixed)
+        return Decision(reason=ControllerReason.CONSTRAINT_UNSATISFIED, message=problem.message)
+
+    def _place(
+        self,
+        mig_requests: list[DeviceRequest],
+        share_requests: list[ShareRequest],
+        node_ok: Callable[[str], bool] | None,
+    ) -> Plan | Decision:
+        """MIG devices through the policy, shares through the share policy, all on one node."""
+        if not share_requests:
+            placement = self.policy.place(self.ledger.cluster, mig_requests)
+            if not placement.ok:
+                return Decision(reason=str(placement.reason), message=placement.message)
+            return Plan(placement.choices, ())
+        if not mig_requests:
+            shares = place_shares(self._states, share_requests, node_ok)
+            if not shares.ok:
+                return Decision(reason=str(shares.reason), message=shares.message)
+            return Plan((), shares.picks)
+        # Both kinds: only nodes where every share fits may take the MIG devices; then the shares go
+        # to the node the MIG policy chose.
+        candidates = set.intersection(*({ref.node for ref in r.amounts} for r in share_requests))
+        nodes = feasible_nodes(
+            self._states, share_requests, (n for n in candidates if node_ok is None or node_ok(n))
+        )
+        if not nodes:
+            why = explain_shares(self._states, share_requests, node_ok)
+            return Decision(reason=str(why.reason), message=why.message)
+        restricted = [self.check.restrict(r, nodes) for r in mig_requests]
+        placement = self.policy.place(self.ledger.cluster, restricted)
+        if not placement.ok:
+            alone = self.policy.place(self.ledger.cluster, mig_requests)
+            if alone.ok:  # each kind fits, on different nodes
+                return Decision(
+                    reason=ShortReason.NO_SINGLE_NODE,
+                    message=f"the MIG devices fit (e.g. on {alone.node}) and the shares fit on "
+                    f"{', '.join(sorted(nodes)[:3])}, but no single node takes both",
+                )
+            return Decision(reason=str(placement.reason), message=placement.message)
+        assert placement.node is not None
+        hit = place_on_node(self._states, share_requests, placement.node)
+        if hit is None:  # cannot happen: the node was feasible for the shares
+            return Decision(reason=ShortReason.NO_SINGLE_NODE, message="shares no longer fit the chosen node")
+        return Plan(placement.choices, hit[1])
 
     def _no_match(self, req: ClaimRequest, alt: Alternative, cands: Candidates) -> Decision:
         what = f"claim {req.claim} request {alt.result_name} (class {alt.class_name})"
         if cands.whole_only:
-            msg = f"{what} matches only whole-GPU devices; the controller allocates MIG devices"
+            msg = f"{what} matches only whole-GPU devices; the controller allocates MIG devices and shares"
             return Decision(reason=ControllerReason.INVALID_REQUEST, message=msg)
-        msg = f"{what}: no published MIG device matches its selectors"
+        msg = f"{what}: no published MIG or shared device matches its selectors"
         if cands.errors:
             msg += "; " + "; ".join(cands.errors)
         return Decision(reason=ControllerReason.NO_MATCHING_DEVICE, message=msg)
-
-    # --- constraints --------------------------------------------------------------------------------
-
-    def _device(self, choice: Choice) -> PublishedDevice:
-        gpu = self.ledger.inventory.gpus[choice.gpu]
-        name = gpu.mig_devices[(choice.profile.name, choice.start)]
-        return self.ledger.inventory.pools[gpu.pool].devices[name]
-
-    @staticmethod
-    def _constrained(constraint: Mapping[str, Any], slot: _Slot) -> bool:
-        names = constraint.get("requests") or []
-        return not names or slot.request.name in names or slot.alternative.result_name in names
-
-    def _constraint_violation(
-        self, claims: Sequence[Mapping[str, Any]], slots: list[_Slot], placement: Placement
-    ) -> tuple[str, str, list[_Slot]] | None:
-        """(attribute, message, slots it covers) of the first violated matchAttribute, or None."""
-        by_name = {c.request: c for c in placement.choices}
-        for ci, claim in enumerate(claims):
-            for constraint in ((claim.get("spec") or {}).get("devices") or {}).get("constraints") or ():
-                covered = [s for s in slots if s.claim_index == ci and self._constrained(constraint, s)]
-                values = [
-                    self._device(by_name[s.policy_name]).attribute(self._attr(constraint)) for s in covered
-                ]
-                if constraint.get("matchAttribute"):
-                    if None in values or len(set(map(repr, values))) > 1:
-                        return (
-                            self._attr(constraint),
-                            f"claim {claim['metadata']['name']}: matchAttribute "
-                            f"{constraint['matchAttribute']} needs one value across {len(covered)} devices",
-                            covered,
-                        )
-                elif constraint.get("distinctAttribute") and len(set(map(repr, values))) < len(values):
-                    return (
-                        "",
-                        f"claim {claim['metadata']['name']}: distinctAttribute "
-                        f"{constraint['distinctAttribute']} not satisfiable by this placement",
-                        covered,
-                    )
-        return None
-
-    @staticmethod
-    def _attr(constraint: Mapping[str, Any]) -> str:
-        return str(constraint.get("matchAttribute") or constraint.get("distinctAttribute") or "")
-
-    def _retry_match(
-        self,
-        claims: Sequence[Mapping[str, Any]],
-        classes: Mapping[str, Mapping[str, Any]],
-        slots: list[_Slot],
-        requests: list[DeviceRequest],
-        problem: tuple[str, str, list[_Slot]],
-    ) -> Decision | None:
-        """Pin the constrained requests to one attribute value at a time (most promising first)."""
-        attribute, _, covered = problem
-        if not attribute:
-            return None
-        names = {s.policy_name for s in covered}
-        values: list[Any] = []
-        for req in requests:
-            if req.name not in names:
-                continue
-            for ref in self.ledger.cluster.nodes():
-                for gpu in self.ledger.cluster.node_gpus(ref):
-                    for profile, start in req.allowed(gpu.ref) or ():
-                        dev = self.ledger.inventory.gpus[gpu.ref].mig_devices.get((profile, start))
-                        if dev is None:
-                            continue
-                        value = (
-                            self.ledger.inventory.pools[self.ledger.inventory.gpus[gpu.ref].pool]
-                            .devices[dev]
-                            .attribute(attribute)
-                        )
-                        if value is not None and value not in values:
-                            values.append(value)
-                    if len(values) >= MAX_CONSTRAINT_VALUES:
-                        break
-                if len(values) >= MAX_CONSTRAINT_VALUES:
-                    break
-            break
-        for value in values:
-            pinned = [self._pinned(r, attribute, value) if r.name in names else r for r in requests]
-            placement = self.policy.place(self.ledger.cluster, pinned)
-            if placement.ok and self._constraint_violation(claims, slots, placement) is None:
-                return self._decision(claims, classes, slots, placement)
-        return None
-
-    def _pinned(self, request: DeviceRequest, attribute: str, value: Any) -> DeviceRequest:
-        inventory = self.ledger.inventory
-        cache: dict[GpuRef, frozenset[tuple[str, int]]] = {}
-
-        def allowed(ref: GpuRef) -> Set[tuple[str, int]]:
-            hit = cache.get(ref)
-            if hit is None:
-                gpu = inventory.gpus[ref]
-                devices = inventory.pools[gpu.pool].devices
-                hit = frozenset(
-                    ps
-                    for ps in request.allowed(ref) or ()
-                    if devices[gpu.mig_devices[ps]].attribute(attribute) == value
-                )
-                cache[ref] = hit
-            return hit
-
-        filt: Callable[[GpuRef], Set[tuple[str, int]]] = allowed
-        return DeviceRequest(request.name, request.memory_mib, device_filter=filt)
 
     # --- result -------------------------------------------------------------------------------------
 
@@ -272,35 +296,59 @@ class Decider:
         self,
         claims: Sequence[Mapping[str, Any]],
         classes: Mapping[str, Mapping[str, Any]],
-        slots: list[_Slot],
-        placement: Placement,
+        slots: list[Slot],
+        plan: Plan,
+        mixed: set[int],
     ) -> Decision:
-        by_name = {c.request: c for c in placement.choices}
-        devices = [self._device(by_name[s.policy_name]) for s in slots]
-        problem = self.ledger.counters_allow(devices)
+        devices = [self.check.device(s, plan) for s in slots]
+        problem = self.ledger.counters_allow(
+            d for s, d in zip(slots, devices, strict=True) if s.kind is AltKind.MIG
+        )
         if problem is not None:
             return Decision(reason=ControllerReason.COUNTERS_EXCEEDED, message=problem)
-        node = placement.node
+        node = plan.node
         assert node is not None
+        stranded = isolated = 0
+        for s in slots:
+            if s.flat_index not in mixed:
+                continue
+            if s.kind is AltKind.MIG:
+                isolated += 1
+                stranded += mig_stranded(self.ledger.inventory, s.request, plan.mig[s.policy_name])
+            else:
+                stranded += plan.shares[s.policy_name].stranded_mib
         allocations = []
         for ci, claim in enumerate(claims):
             mine = [(s, d) for s, d in zip(slots, devices, strict=True) if s.claim_index == ci]
             chosen = {s.alternative.result_name: s.alternative for s, _ in mine}
-            results = [
-                {
-                    "request": s.alternative.result_name,
-                    "driver": DRIVER_NAME,
-                    "pool": d.pool,
-                    "device": d.name,
-                }
-                for s, d in mine
-            ]
+            results: list[dict[str, Any]] = []
+            held: list[Held] = []
+            for s, d in mine:
+                if s.kind is AltKind.MIG:
+                    results.append(
+                        {
+                            "request": s.alternative.result_name,
+                            "driver": DRIVER_NAME,
+                            "pool": d.pool,
+                            "device": d.name,
+                        }
+                    )
+                    held.append((d.pool, d.name))
+                    continue
+                amount = plan.shares[s.policy_name].amount
+                result = share_result(s.alternative.result_name, d, amount)
+                results.append(result)
+                held.append(
+                    ShareUse(
+                        d.pool, d.name, result["shareID"], amount.memory_mib, amount.cores, amount.shares
+                    )
+                )
             allocations.append(
                 ClaimAllocation(
-                    claim, results, allocation_config(claim, classes, chosen), [d for _, d in mine]
+                    claim, results, allocation_config(claim, classes, chosen), [d for _, d in mine], held
                 )
             )
-        return Decision(node=node, allocations=allocations)
+        return Decision(node=node, allocations=allocations, stranded_mib=stranded, isolated=isolated)
 
 
 def short_reason_values() -> list[str]:

@@ -7,6 +7,10 @@ published for it on that GPU (the allowlist is already applied by the node), its
 device's `memory` capacity. Identical GPUs share the same `MigProfile` objects, which keeps the memory
 of a 1000-node inventory small and the policy's capacity memo effective.
 
+Shareable GPUs of hami-core nodes (`gpu-<i>-shared`, allowMultipleAllocations) are kept apart in
+`Inventory.shared`, with their published capacities and request policies (controller/sharedcap.py); they
+have no MIG catalog and are placed by driver/policy/shared.py.
+
 Only complete pools are allocatable (every slice of the newest generation present), as in kube-scheduler.
 """
 
@@ -23,6 +27,7 @@ import structlog
 from api.constants import DRIVER_NAME, DeviceKind, parse_device_name
 from controller.cel import CelDevice
 from controller.quantity import QuantityError, parse_quantity, quantity_mib
+from controller.sharedcap import SharedGpuInfo
 from driver.catalog.naming import GiProfileEnum, profile_suffix
 from driver.catalog.types import GpuCatalog, MigProfile
 from driver.nvml.types import Architecture, GpuInfo, Placement
@@ -130,6 +135,7 @@ class Inventory:
     def __init__(self, slices: Iterable[Mapping[str, Any]], driver: str = DRIVER_NAME) -> None:
         self.pools: dict[str, Pool] = {}
         self.gpus: dict[GpuRef, InventoryGpu] = {}
+        self.shared: dict[GpuRef, SharedGpuInfo] = {}
         self.device_gpu: dict[DeviceKey, PublishedDevice] = {}
         self._profiles: dict[tuple[Any, ...], MigProfile] = {}
         by_pool: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
@@ -177,6 +183,9 @@ class Inventory:
             self.device_gpu[(pool.name, dev.name)] = dev
             if parsed.kind is DeviceKind.WHOLE:
                 wholes[parsed.gpu_index] = dev
+                continue
+            if parsed.kind is DeviceKind.SHARED:
+                self.shared[dev.gpu] = SharedGpuInfo.parse(pool.name, dev.raw)
                 continue
             dev.profile = _str_attr(dev.raw, "profile")
             dev.start = _int_attr(dev.raw, "placementStart")

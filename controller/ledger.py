@@ -6,6 +6,11 @@ each GPU's `Occupancy` inside one `ClusterState` (the policy's view, kept curren
 sums counter consumption per (pool, counter set) exactly as kube-scheduler does, as an independent check
 that no allocation we write could exceed a counter.
 
+Shared (HAMi-core) GPUs are different: many claims hold one device, each result with its own `shareID`
+and `consumedCapacity`. A claim's holding of such a device is a `ShareUse` (pool, device, share id and
+amounts), and the ledger sums them per GPU over every claim, whoever allocated it; a result without
+consumedCapacity counts at the published request-policy defaults (the full memory, 0 cores, 1 share).
+
 Allocations the controller has decided but not yet seen come back from the API are *assumed* (as in
 kube-scheduler's assume cache): a stale watch event that still shows the claim unallocated must not
 free the devices again, or the next pod could be given the same placement.
@@ -14,25 +19,87 @@ free the devices again, or the next pod could be given the same placement.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from fractions import Fraction
+from typing import Any, NamedTuple
 
 import structlog
 
-from api.constants import DeviceKind
+from api.constants import DRIVER_NAME, DeviceKind, parse_device_name
 from controller.inventory import DeviceKey, Inventory, PublishedDevice
+from controller.sharedcap import consumed_amount
 from driver.placement.occupancy import Occupancy, OccupancyError
 from driver.policy.cluster import ClusterState
 from driver.policy.model import GpuRef, GpuState
+from driver.policy.shared import ZERO, ShareAmount, SharedGpuState
 
 log = structlog.get_logger(__name__)
+
+
+class ShareUse(NamedTuple):
+    """One share of a shared device held by a claim; memory_mib None = the published default."""
+
+    pool: str
+    device: str
+    share_id: str
+    memory_mib: int | None
+    cores: int | None
+    shares: int | None
+
+
+Held = DeviceKey | ShareUse
+"""What a claim holds: a whole/MIG device (pool, device), or one share of a shared device."""
+
+
+def _order(held: Held) -> tuple[str, str, str]:
+    """A total order over holdings (amounts may be None, so tuples themselves are not comparable)."""
+    return (held[0], held[1], held.share_id if isinstance(held, ShareUse) else "")
+
+
+def _is_shared(result: Mapping[str, Any]) -> bool:
+    try:
+        return parse_device_name(str(result.get("device"))).kind is DeviceKind.SHARED
+    except ValueError:
+        return False
+
+
+def claim_holdings(claim: Mapping[str, Any] | None) -> list[Held]:
+    """Every device of our driver in a claim's status.allocation (shares with what they consume)."""
+    results = (((claim or {}).get("status") or {}).get("allocation") or {}).get("devices", {}).get(
+        "results"
+    ) or ()
+    out: list[Held] = []
+    for i, r in enumerate(results):
+        if r.get("driver") != DRIVER_NAME:
+            continue
+        if r.get("shareID") is None and r.get("consumedCapacity") is None and not _is_shared(r):
+            out.append((str(r["pool"]), str(r["device"])))
+            continue
+        amount = consumed_amount(r, None) if r.get("consumedCapacity") else None
+        consumed = r.get("consumedCapacity") or {}
+        has = {str(k).removeprefix(DRIVER_NAME + "/") for k in consumed}
+        uid = ((claim or {}).get("metadata") or {}).get("uid", "")
+        out.append(
+            ShareUse(
+                str(r["pool"]),
+                str(r["device"]),
+                str(r.get("shareID") or f"{uid}#{i}"),
+                amount.memory_mib if amount is not None and "memory" in has else None,
+                amount.cores if amount is not None and "cores" in has else None,
+                amount.shares if amount is not None and "shares" in has else None,
+            )
+        )
+    return out
 
 
 class Ledger:
     def __init__(self, inventory: Inventory) -> None:
         self.inventory = inventory
-        self.claims: dict[str, tuple[DeviceKey, ...]] = {}
-        self.owners: dict[DeviceKey, str] = {}
+        self.claims: dict[str, tuple[Held, ...]] = {}
+        self.owners: dict[Held, str] = {}
+        # Per shared GPU: what every share held on it consumes, in sum, and what each share added.
+        self.shared_used: dict[GpuRef, ShareAmount] = {}
+        self._share_amounts: dict[ShareUse, tuple[GpuRef, ShareAmount]] = {}
         self.assumed: set[str] = set()
         self.consumed: dict[tuple[str, str], dict[str, Fraction]] = defaultdict(dict)
         # GPUs whose published state contradicts the allocations (should never happen): kept out.
@@ -55,9 +122,9 @@ class Ledger:
 
     # --- claims -------------------------------------------------------------------------------------
 
-    def observe(self, uid: str, devices: Iterable[DeviceKey]) -> None:
+    def observe(self, uid: str, devices: Iterable[Held]) -> None:
         """A claim as the API shows it now (empty = not allocated)."""
-        devs = tuple(sorted(devices))
+        devs = tuple(sorted(devices, key=_order))
         if uid in self.assumed:
             if not devs:
                 return  # stale view from before our write landed
@@ -68,10 +135,10 @@ class Ledger:
         if devs:
             self._apply(uid, devs)
 
-    def assume(self, uid: str, devices: Iterable[DeviceKey]) -> None:
+    def assume(self, uid: str, devices: Iterable[Held]) -> None:
         """We are writing this allocation: count it as used until the API confirms or we give up."""
         self.forget(uid)
-        self._apply(uid, tuple(sorted(devices)))
+        self._apply(uid, tuple(sorted(devices, key=_order)))
         self.assumed.add(uid)
 
     def forget(self, uid: str) -> None:
@@ -81,12 +148,15 @@ class Ledger:
             if self.owners.get(key) != uid:
                 continue
             del self.owners[key]
+            if isinstance(key, ShareUse):
+                self._unshare(key)
+                continue
             dev = self.inventory.device(key)
             if dev is not None:
                 self._count(dev, -1)
                 self._occupy(dev, add=False)
 
-    def _apply(self, uid: str, devices: tuple[DeviceKey, ...]) -> None:
+    def _apply(self, uid: str, devices: tuple[Held, ...]) -> None:
         self.claims[uid] = devices
         for key in devices:
             other = self.owners.get(key)
@@ -95,12 +165,43 @@ class Ledger:
                 log.error("device allocated to two claims", device=key, claims=[other, uid])
                 continue
             self.owners[key] = uid
+            if isinstance(key, ShareUse):
+                self._share(key)
+                continue
             dev = self.inventory.device(key)
             if dev is not None:
                 self._count(dev, +1)
                 self._occupy(dev, add=True)
 
     # --- derived state ------------------------------------------------------------------------------
+
+    def _share(self, use: ShareUse) -> None:
+        dev = self.inventory.device((use.pool, use.device))
+        ref = dev.gpu if dev is not None else None
+        info = self.inventory.shared.get(ref) if ref is not None else None
+        if ref is None or info is None:
+            return  # not published (any more): nothing to count against
+        default = info.default_amount()
+        amount = ShareAmount(
+            default.memory_mib if use.memory_mib is None else use.memory_mib,
+            default.cores if use.cores is None else use.cores,
+            default.shares if use.shares is None else use.shares,
+        )
+        self._share_amounts[use] = (ref, amount)
+        self.shared_used[ref] = self.shared_used.get(ref, ZERO) + amount
+
+    def _unshare(self, use: ShareUse) -> None:
+        hit = self._share_amounts.pop(use, None)
+        if hit is not None:
+            ref, amount = hit
+            self.shared_used[ref] = self.shared_used.get(ref, ZERO) - amount
+
+    def shared_states(self) -> dict[GpuRef, SharedGpuState]:
+        """Every shareable GPU with its capacity and what all claims' shares use of it."""
+        return {
+            ref: SharedGpuState(ref, info.total(), self.shared_used.get(ref, ZERO))
+            for ref, info in self.inventory.shared.items()
+        }
 
     def _count(self, dev: PublishedDevice, sign: int) -> None:
         for counter_set, counters in dev.consumes:
@@ -152,4 +253,5 @@ class Ledger:
         return None
 
     def is_used(self, key: DeviceKey) -> bool:
+        """Whether a device is held exclusively (a shared device is never: see `shared_used`)."""
         return key in self.owners

@@ -23,12 +23,12 @@ from typing import Any
 import structlog
 from kubernetes.client.exceptions import ApiException
 
-from api.constants import ANNOTATION_MIG_ALLOCATIONS, DRIVER_NAME
+from api.constants import ANNOTATION_MIG_ALLOCATIONS
 from controller.cel import CelEnvironment
 from controller.deallocate import deallocate, has_finalizer, needs_attention
 from controller.decide import ClaimAllocation, Decider, Decision, node_selector
-from controller.inventory import DeviceKey, Inventory
-from controller.ledger import Ledger
+from controller.inventory import Inventory
+from controller.ledger import Held, Ledger, claim_holdings
 from controller.metrics import ControllerMetrics, Snapshot, instance_rows
 from controller.podclaims import (
     ClaimsPending,
@@ -49,11 +49,9 @@ Obj = dict[str, Any]
 RESYNC_S = 30.0
 
 
-def allocated_devices(claim: Mapping[str, Any] | None) -> list[DeviceKey]:
-    results = (((claim or {}).get("status") or {}).get("allocation") or {}).get("devices", {}).get(
-        "results"
-    ) or ()
-    return [(r["pool"], r["device"]) for r in results if r.get("driver") == DRIVER_NAME]
+def allocated_devices(claim: Mapping[str, Any] | None) -> list[Held]:
+    """What a claim's allocation holds of our driver: devices, and shares with their consumed capacity."""
+    return claim_holdings(claim)
 
 
 @dataclass(slots=True)

@@ -6,21 +6,32 @@ the published MIG devices its DeviceClass selectors and its own selectors admit,
 with `count: N` becomes N policy requests. The per-GPU candidate sets are cached per selector set until
 the published devices change, so a thousand pods asking for the same class cost one scan.
 
+Shared (HAMi-core) GPUs: an alternative whose selectors match `gpu-<i>-shared` devices and no MIG
+device, or one with `capacity.requests`, is served by shares; its `ShareSpec` holds the capacity
+requests (names and values checked here and against each GPU's requestPolicy at decision time) and the
+memory percentage of a `SharedGpuRequest` opaque config that names it (or names no request).
+
 What the controller does not allocate is refused with a message naming the field, never guessed at:
 `allocationMode: All` (MIG placements overlap, so "every matching device" cannot be allocated
-together), `adminAccess`, consumable `capacity` requests, and requests that only whole GPUs match.
+together), `adminAccess`, capacity requests on MIG devices, and requests that only whole GPUs match.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence, Set
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from api.constants import DRIVER_NAME, DeviceKind
 from controller.cel import CelCompileError, CelEnvironment, DeviceSelector
 from controller.inventory import Inventory, PublishedDevice
-from driver.policy.model import DeviceRequest, GpuRef
+from controller.sharedcap import (
+    ShareRequestError,
+    ShareSpec,
+    parse_capacity_requests,
+    parse_shared_config,
+)
+from driver.policy.model import GpuRef
 
 MAX_COUNT = 32  # the API's limit on results per claim
 
@@ -37,6 +48,12 @@ class Alternative:
     class_name: str
     selectors: tuple[str, ...]  # class selectors first, then the request's
     count: int
+    share: ShareSpec | None = None  # what a share must hold, when capacity or a percent config is given
+    capacity_requested: bool = False  # capacity.requests present: only shared devices can serve it
+
+    @property
+    def request_name(self) -> str:
+        return self.result_name.split("/", 1)[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,8 +103,10 @@ def _alternative(
         )
     if body.get("adminAccess"):
         raise RequestError(f"{where}.adminAccess is not supported by the flexmig controller")
-    if (body.get("capacity") or {}).get("requests"):
-        raise RequestError(f"{where}.capacity: MIG devices are not shareable; remove capacity requests")
+    try:
+        capacity = parse_capacity_requests(where, body)
+    except ShareRequestError as exc:
+        raise RequestError(str(exc)) from exc
     count = body.get("count", 1)
     if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_COUNT:
         raise RequestError(f"{where}.count must be an integer in 1..{MAX_COUNT}, got {count!r}")
@@ -96,13 +115,50 @@ def _alternative(
         class_name,
         _selectors(device_class.get("spec")) + _selectors(body),
         count,
+        ShareSpec(capacity) if capacity is not None else None,
+        capacity is not None,
     )
+
+
+def _memory_percentages(claim: Mapping[str, Any], key: str) -> list[tuple[tuple[str, ...], int]]:
+    """(requests it names, memoryPercentage) of every SharedGpuRequest opaque config of the claim."""
+    out = []
+    for i, cfg in enumerate(((claim.get("spec") or {}).get("devices") or {}).get("config") or ()):
+        opaque = cfg.get("opaque") or {}
+        if opaque.get("driver") != DRIVER_NAME:
+            continue
+        try:
+            pct = parse_shared_config(
+                f"claim {key} spec.devices.config[{i}].opaque", opaque.get("parameters")
+            )
+        except ShareRequestError as exc:
+            raise RequestError(str(exc)) from exc
+        if pct is not None:
+            out.append((tuple(cfg.get("requests") or ()), pct))
+    return out
+
+
+def _with_percent(alt: Alternative, percents: list[tuple[tuple[str, ...], int]], where: str) -> Alternative:
+    mine = [p for names, p in percents if not names or alt.result_name in names or alt.request_name in names]
+    if not mine:
+        return alt
+    if len(set(mine)) > 1:
+        raise RequestError(
+            f"{where}: more than one SharedGpuRequest memoryPercentage applies: {sorted(set(mine))}"
+        )
+    requests = dict(alt.share.requests) if alt.share is not None else {}
+    if "memory" in requests:
+        raise RequestError(
+            f"{where}: capacity.requests.memory and SharedGpuRequest.memoryPercentage both set; use one"
+        )
+    return replace(alt, share=ShareSpec(requests, mine[0]))
 
 
 def claim_requests(claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]]) -> list[ClaimRequest]:
     """The requests of one claim with their alternatives (RequestError for what cannot be served)."""
     meta = claim.get("metadata") or {}
     key = f"{meta.get('namespace')}/{meta.get('name')}"
+    percents = _memory_percentages(claim, key)
     out = []
     for i, req in enumerate(_spec_requests(claim)):
         name = req.get("name") or f"#{i}"
@@ -119,6 +175,8 @@ def claim_requests(claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, 
             )
         else:
             raise RequestError(f"{where}: one of exactly or firstAvailable is required")
+        if percents:
+            alts = tuple(_with_percent(a, percents, where) for a in alts)
         out.append(ClaimRequest(key, name, alts))
     if not out:
         raise RequestError(f"claim {key} has no device requests")
@@ -132,6 +190,9 @@ class CandidateIndex:
         self.inventory = inventory
         self.cel = cel_env
         self._cache: dict[tuple[str, ...], Candidates] = {}
+        self._shared: dict[tuple[str, ...], dict[GpuRef, PublishedDevice]] = {}
+        # Per (selectors, share spec): what one share consumes on each GPU (controller/shares.py).
+        self.share_amounts_cache: dict[tuple[Any, ...], Any] = {}
 
     def _compiled(self, selectors: Sequence[str]) -> list[DeviceSelector]:
         try:
@@ -178,15 +239,20 @@ class CandidateIndex:
         self._cache[selectors] = result
         return result
 
-    def device_request(self, name: str, alt: Alternative) -> tuple[DeviceRequest, Candidates]:
-        cands = self.candidates(alt.selectors)
-        per_gpu = cands.per_gpu
-        empty: frozenset[tuple[str, int]] = frozenset()
-
-        def allowed(ref: GpuRef) -> Set[tuple[str, int]]:
-            return per_gpu.get(ref, empty)
-
-        return DeviceRequest(name, cands.min_memory_mib, device_filter=allowed), cands
+    def shared_candidates(self, selectors: tuple[str, ...]) -> dict[GpuRef, PublishedDevice]:
+        """The shareable GPUs (their `gpu-<i>-shared` devices) a selector set admits."""
+        hit = self._shared.get(selectors)
+        if hit is not None:
+            return hit
+        compiled = self._compiled(selectors)
+        errors: list[str] = []
+        out: dict[GpuRef, PublishedDevice] = {}
+        for ref, info in self.inventory.shared.items():
+            dev = self.inventory.device((info.pool, info.device))
+            if dev is not None and self._match(compiled, dev, errors):
+                out[ref] = dev
+        self._shared[selectors] = out
+        return out
 
 
 def device_kind(dev: PublishedDevice | None) -> DeviceKind | None:

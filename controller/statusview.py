@@ -11,6 +11,8 @@ The realised identity (GPU instance id, MIG UUID) is shown when the node wrote i
 Per GPU the output is a header, a bar with one cell per memory slice (an instance spans the cells of
 its placement), one line per instance, and a summary: free memory and compute slices, fragmentation
 (driver/placement/fragmentation.py) and the instances of each allowed profile that can still be added.
+Shared (HAMi-core) GPUs are drawn by controller/sharedview.py: many claims hold one device, one share
+each (a result with shareID / consumedCapacity), so they are never reported as conflicts.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 from api.constants import DRIVER_NAME
 from controller.inventory import DeviceKey, Inventory, InventoryGpu
 from controller.podclaims import referenced_claims
+from controller.sharedview import ShareHolding, share_holdings, shared_gpu_lines
 from driver.catalog.types import MigProfile
 from driver.placement.fragmentation import capacity, fragmentation
 from driver.placement.occupancy import Occupancy, OccupancyError, PlacedProfile
@@ -73,6 +76,7 @@ class Allocations:
 
     holders: Mapping[DeviceKey, Holder] = field(default_factory=dict)
     conflicts: tuple[str, ...] = ()
+    shares: Mapping[DeviceKey, tuple[ShareHolding, ...]] = field(default_factory=dict)
 
 
 def _key(obj: Obj) -> str:
@@ -112,6 +116,7 @@ def collect_allocations(
             referencing[claim_key].append(_key(pod))
     holders: dict[DeviceKey, Holder] = {}
     conflicts: list[str] = []
+    shares: dict[DeviceKey, list[ShareHolding]] = defaultdict(list)
     for claim in sorted(claims, key=_key):
         status = claim.get("status") or {}
         results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or ()
@@ -125,15 +130,20 @@ def collect_allocations(
         }
         pods_of = _pods_of(claim, referencing)
         name = _key(claim)
+        for key, share in share_holdings(claim, Holder(name, pods_of)) if driver == DRIVER_NAME else ():
+            shares[key].append(share)
+        shared_keys = {k for k in shares}
         for r in ours:
             key = (str(r["pool"]), str(r["device"]))
+            if key in shared_keys:
+                continue
             other = holders.get(key)
             if other is not None:
                 if other.claim != name:
                     conflicts.append(f"{key[0]}/{key[1]} is allocated to both {other.claim} and {name}")
                 continue
             holders[key] = Holder(name, pods_of, data.get(key))
-    return Allocations(holders, tuple(conflicts))
+    return Allocations(holders, tuple(conflicts), {k: tuple(v) for k, v in shares.items()})
 
 
 # --- one GPU ------------------------------------------------------------------------------------------
@@ -355,6 +365,15 @@ def render(
         view = gpu_view(gpu, inventory, allocations.holders)
         instances += len(view.instances) + (view.whole is not None)
         blocks.append("\n".join(_gpu_lines(view, paint)))
+    for ref, info in sorted(inventory.shared.items(), key=lambda item: (item[0].node, item[0].gpu_index)):
+        if node is not None and ref.node != node:
+            continue
+        held = allocations.shares.get((info.pool, info.device), ())
+        instances += len(held)
+        dev = inventory.device((info.pool, info.device))
+        model = str(dev.attribute("model") or dev.attribute("productName") or "") if dev is not None else ""
+        blocks.append("\n".join(shared_gpu_lines(ref, info, model, held, paint, paint.holder_code, _FREE)))
+    shown = len(gpus) + sum(1 for ref in inventory.shared if node is None or ref.node == node)
     pools = [p for p in inventory.pools.values() if node is None or p.node == node]
     notes = [
         paint(f"pool {p.name}: incomplete (generation {p.generation} not fully published), not shown", _WARN)
@@ -363,19 +382,26 @@ def render(
     ]
     known = {(g.pool, d) for g in inventory.gpus.values() for d in g.mig_devices.values()}
     known |= {(g.pool, g.whole_device) for g in inventory.gpus.values() if g.whole_device is not None}
-    for (pool, device), holder in sorted(allocations.holders.items()):
+    known |= {(i.pool, i.device) for i in inventory.shared.values()}
+    orphans = {k: h for k, h in allocations.holders.items()}
+    orphans |= {
+        k: v[0].holder for k, v in allocations.shares.items() if v and isinstance(v[0].holder, Holder)
+    }
+    for (pool, device), holder in sorted(orphans.items()):
         published = inventory.pools.get(pool)
         if (pool, device) in known or (node is not None and (published is None or published.node != node)):
             continue
         notes.append(paint(f"claim {holder.claim} holds {pool}/{device}, which no GPU publishes", _WARN))
     notes += [paint(f"warning: {c}", _WARN) for c in allocations.conflicts]
     where = f" on node {node}" if node is not None else ""
-    if not gpus:
+    if not shown:
         summary = f"no flexmig GPU published{where}"
     else:
-        nodes = len({g.ref.node for g in gpus})
+        nodes = len(
+            {g.ref.node for g in gpus} | {r.node for r in inventory.shared if node is None or r.node == node}
+        )
         summary = (
-            f"{len(gpus)} GPU{'s' if len(gpus) != 1 else ''} on {nodes} node{'s' if nodes != 1 else ''}, "
+            f"{shown} GPU{'s' if shown != 1 else ''} on {nodes} node{'s' if nodes != 1 else ''}, "
             f"{instances} allocated device{'s' if instances != 1 else ''}"
         )
     return "\n\n".join([*blocks, "\n".join([*notes, summary])])

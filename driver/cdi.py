@@ -10,6 +10,10 @@ cdiVersion is "0.6.0": the oldest version that allows spec/device annotations (w
 uid there) and is understood by every containerd (>=1.7) and CRI-O that supports CDI. We use nothing
 newer (no hooks, intelRdt, additionalGIDs, netDevices).
 
+A claim of HAMi-core shared GPUs (`PreparedShared`) gets each GPU as a whole-GPU device plus its
+per-device HAMi-core limits, and spec-level containerEdits (built by `driver.hamicore`) with what every
+container of the claim needs once: the shared-region cache, the library mount and its preload.
+
 Device nodes carry only `path`; the runtime stats the host node for type/major/minor, which keeps the
 spec valid whatever major the nvidia-caps driver got on this boot.
 
@@ -72,7 +76,17 @@ class PreparedMig:
     mig_uuid: str
 
 
-PreparedDevice = PreparedGpu | PreparedMig
+@dataclass(frozen=True, slots=True)
+class PreparedShared:
+    """A whole GPU shared through HAMi-core: the GPU's nodes plus its limit variables."""
+
+    device_name: str  # DRA device name, e.g. "gpu-0-shared"
+    gpu_uuid: str
+    gpu_minor: int
+    env: tuple[str, ...]  # CUDA_DEVICE_MEMORY_LIMIT_<k>=..., CUDA_DEVICE_SM_LIMIT_<k>=...
+
+
+PreparedDevice = PreparedGpu | PreparedMig | PreparedShared
 
 
 def validate_claim_uid(claim_uid: str) -> None:
@@ -184,7 +198,13 @@ def _check_uuid(field: str, value: str, prefix: str) -> None:
         raise ValueError(f"{field} {value!r} is invalid: expected '{prefix}<uuid>'")
 
 
-def _device_edits(dev: PreparedDevice, minors: Mapping[str, int] | None) -> dict[str, Any]:
+def _visible_uuid(dev: PreparedDevice) -> str:
+    return dev.mig_uuid if isinstance(dev, PreparedMig) else dev.gpu_uuid
+
+
+def _device_edits(
+    dev: PreparedDevice, minors: Mapping[str, int] | None, visible: str
+) -> dict[str, Any]:
     if isinstance(dev, PreparedMig):
         _check_uuid("mig_uuid", dev.mig_uuid, "MIG-")
         _check_uuid("parent_uuid", dev.parent_uuid, "GPU-")
@@ -192,23 +212,30 @@ def _device_edits(dev: PreparedDevice, minors: Mapping[str, int] | None) -> dict
             *_gpu_nodes(dev.gpu_minor),
             *mig_cap_device_nodes(dev.gpu_minor, dev.gi_id, dev.ci_id, minors),
         ]
-        visible = dev.mig_uuid
     else:
         _check_uuid("gpu_uuid", dev.gpu_uuid, "GPU-")
         nodes = _gpu_nodes(dev.gpu_minor)
-        visible = dev.gpu_uuid
+    extra = list(dev.env) if isinstance(dev, PreparedShared) else []
+    for item in extra:
+        if "=" not in item or not item.split("=", 1)[0]:
+            raise ValueError(f"env entry {item!r} of {dev.device_name} is not NAME=value")
     return {
-        "env": [f"NVIDIA_VISIBLE_DEVICES={visible}"],
+        "env": [f"NVIDIA_VISIBLE_DEVICES={visible}", *extra],
         "deviceNodes": [{"path": p} for p in nodes],
     }
 
 
 def build_claim_spec(
-    claim_uid: str, devices: Sequence[PreparedDevice], mig_minors: Mapping[str, int] | None = None
+    claim_uid: str,
+    devices: Sequence[PreparedDevice],
+    mig_minors: Mapping[str, int] | None = None,
+    spec_edits: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The CDI spec (JSON-ready dict) for one claim's prepared devices.
 
     `mig_minors` is the parsed mig-minors table, or None to use the kernel formula (simulator).
+    `spec_edits` are spec-level containerEdits (HAMi-core claims only), applied once to any container
+    that gets one of the claim's devices.
     """
     validate_claim_uid(claim_uid)
     if not devices:
@@ -216,20 +243,28 @@ def build_claim_spec(
     names = [d.device_name for d in devices]
     if len(set(names)) != len(names):
         raise ValueError(f"devices contain duplicate device_name entries: {sorted(names)}")
-    return {
+    # A runtime merging two devices' edits keeps only the last value of an env var, so a container given
+    # two devices of one claim (nvidia.com/gpu: 2 through the shim) would see one GPU. Every device of
+    # the claim therefore carries the same variable: the claim's UUIDs in device order. Device nodes stay
+    # per device, so a container given only some of the claim's devices can still open only those.
+    visible = ",".join(_visible_uuid(d) for d in devices)
+    spec: dict[str, Any] = {
         "cdiVersion": CDI_VERSION,
         "kind": CDI_KIND,
         "annotations": {CLAIM_ANNOTATION: claim_uid},
         "devices": [
             {
                 "name": cdi_device_name(claim_uid, d.device_name),
-                "containerEdits": _device_edits(d, mig_minors),
+                "containerEdits": _device_edits(d, mig_minors, visible),
             }
             for d in devices
         ],
-        # No spec-level containerEdits: they would apply to every device of the claim, and a container that
-        # gets only one of the claim's devices must see only that device's nodes and UUID.
     }
+    if spec_edits:
+        if not any(isinstance(d, PreparedShared) for d in devices):
+            raise ValueError("spec-level containerEdits are only for claims with shared GPUs")
+        spec["containerEdits"] = dict(spec_edits)
+    return spec
 
 
 # --- files -----------------------------------------------------------------------------------------

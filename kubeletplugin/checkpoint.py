@@ -34,6 +34,8 @@ from typing import Any, TypeVar
 
 import structlog
 
+from kubeletplugin.sharedcapacity import SharedShare, shares_from_json, shares_to_json
+
 CHECKPOINT_VERSION = 1
 DEFAULT_BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 
@@ -52,7 +54,11 @@ class ClaimState(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class PreparedDeviceRecord:
-    """One allocated device of a claim. The MIG fields are None for a whole GPU.
+    """One allocated device of a claim. The MIG fields are None for a whole or shared GPU.
+
+    `shares` is set only for a HAMi-core shared GPU (`gpu-<i>-shared`): one entry per allocation result
+    naming the device (normally one), with its share id and consumed memory/cores. Nothing is created
+    through NVML for it.
 
     `gi_id`, `ci_id`, `mig_uuid` stay None until NVML created the instance. `created_gi` / `created_ci`
     say that *this plugin* created them, which is what allows reconcile to destroy them; an instance we
@@ -74,10 +80,15 @@ class PreparedDeviceRecord:
     created_gi: bool = False
     created_ci: bool = False
     cdi_device_ids: tuple[str, ...] = ()
+    shares: tuple[SharedShare, ...] = ()
 
     @property
     def is_mig(self) -> bool:
         return self.profile is not None
+
+    @property
+    def is_shared(self) -> bool:
+        return bool(self.shares)
 
     @property
     def realised(self) -> bool:
@@ -129,6 +140,8 @@ def _device_to_json(d: PreparedDeviceRecord) -> dict[str, Any]:
     for attr, key, _, _ in _DEVICE_FIELDS:
         value = getattr(d, attr)
         out[key] = list(value) if isinstance(value, tuple) else value
+    if d.shares:  # only shared GPUs: MIG/whole records keep the exact layout of earlier versions
+        out["shares"] = shares_to_json(d.shares)
     return out
 
 
@@ -151,7 +164,12 @@ def _device_from_json(where: str, raw: Any) -> PreparedDeviceRecord:
                 raise CheckpointCorrupt(f"{where}: field {key!r} must be a list of strings")
             value = tuple(value)
         kwargs[attr] = value
-    return PreparedDeviceRecord(**kwargs)
+    try:
+        # Absent in files of plugins that predate shared GPUs (and for MIG/whole records).
+        shares = shares_from_json(raw.get("shares"))
+    except ValueError as exc:
+        raise CheckpointCorrupt(f"{where}: {exc}") from None
+    return PreparedDeviceRecord(**kwargs, shares=shares)
 
 
 def _claim_to_json(c: ClaimCheckpoint) -> dict[str, Any]:

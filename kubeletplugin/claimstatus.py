@@ -2,7 +2,8 @@
 
 `status.devices[].data` carries the realised identity (the source of truth for tools):
     {"migUUID", "gpuInstanceID", "computeInstanceID", "parentUUID", "profile", "placement": {start, size}}
-and, for a whole GPU, {"uuid"}.
+for a whole GPU {"uuid"}, and for each share of a HAMi-core shared GPU (with its `shareID`)
+{"uuid", "memoryMiB", "cores"}.
 
 The pod annotation `hami.io/vgpu-mig-allocations` is HAMi's array. `containerIndex` counts init
 containers first, then app containers; `deviceIndex` is the position of the MIG device among all MIG
@@ -36,6 +37,15 @@ def device_status_entries(driver: str, devices: Sequence[PreparedDeviceRecord]) 
                 "profile": d.profile,
                 "placement": {"start": d.placement_start, "size": d.placement_size},
             }
+        elif d.is_shared:
+            # The API only accepts a status entry per allocated (device, shareID): one per share.
+            for share in d.shares:
+                entry: JsonDict = {"driver": driver, "pool": d.pool, "device": d.device_name}
+                if share.share_id is not None:
+                    entry["shareID"] = share.share_id
+                entry["data"] = {"uuid": d.gpu_uuid, "memoryMiB": share.memory_mib, "cores": share.cores}
+                out.append(entry)
+            continue
         else:
             data = {"uuid": d.gpu_uuid}
         out.append({"driver": driver, "pool": d.pool, "device": d.device_name, "data": data})

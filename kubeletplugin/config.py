@@ -24,9 +24,20 @@ from api.constants import DEFAULT_NODE_METRICS_PORT, DRIVER_NAME
 from driver.catalog.allowlist import DEFAULT_MIG_PROFILE_ALLOWLIST, MigProfileAllowlist, parse_allowlist
 from kubeletplugin.checkpoint import DEFAULT_BOOT_ID_PATH
 from kubeletplugin.grpcserver.server import DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR, MAX_SOCKET_PATH
-from kubeletplugin.nodeconfig import NodeConfig, NodeConfigError, OperatingMode, node_config_for
+from kubeletplugin.nodeconfig import (
+    DEFAULT_DEVICE_SPLIT_COUNT,
+    NodeConfig,
+    NodeConfigError,
+    OperatingMode,
+    check_split_count,
+    node_config_for,
+)
 
 DEFAULT_CDI_DIR = "/var/run/cdi"
+# HAMi's host layout: the library its device plugin installs, and the directory beside it where the
+# plugin keeps the ld.so.preload file and per-claim shared-region caches.
+DEFAULT_HAMI_CORE_LIBRARY = "/usr/local/vgpu/libvgpu.so"
+DEFAULT_HAMI_CORE_DIR = "/usr/local/vgpu"
 DEFAULT_CHECKPOINT = f"{DEFAULT_PLUGINS_DIR}/{DRIVER_NAME}/checkpoint.json"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("auto", "json", "console")
@@ -69,6 +80,24 @@ FLAGS: tuple[Flag, ...] = (
         OperatingMode.HAMI_CORE.value,
         "mode of a node without a nodeconfig entry: mig, hami-core or mps (HAMi's default is hami-core)",
     ),
+    Flag(
+        "device-split-count",
+        ("FLEXMIG_DEVICE_SPLIT_COUNT",),
+        str(DEFAULT_DEVICE_SPLIT_COUNT),
+        "HAMi-core shares per GPU on a hami-core node (nodeconfig `devicesplitcount` overrides it per node)",
+    ),
+    Flag(
+        "hami-core-library",
+        ("FLEXMIG_HAMI_CORE_LIBRARY",),
+        DEFAULT_HAMI_CORE_LIBRARY,
+        "host path of HAMi-core's libvgpu.so, mounted and preloaded into containers of shared GPUs",
+    ),
+    Flag(
+        "hami-core-dir",
+        ("FLEXMIG_HAMI_CORE_DIR",),
+        DEFAULT_HAMI_CORE_DIR,
+        "host directory for the ld.so.preload file, per-claim HAMi-core caches and the vgpulock dir",
+    ),
     Flag("metrics-address", ("FLEXMIG_METRICS_ADDRESS",), "0.0.0.0", "metrics/healthz bind address"),
     Flag(
         "metrics-port",
@@ -93,6 +122,8 @@ class PluginConfig:
     node_config: NodeConfig
     metrics_address: str
     metrics_port: int | None  # None: no metrics server
+    hami_core_library: Path = Path(DEFAULT_HAMI_CORE_LIBRARY)
+    hami_core_dir: Path = Path(DEFAULT_HAMI_CORE_DIR)
 
     @property
     def is_simulated(self) -> bool:
@@ -148,16 +179,25 @@ def _allowlist(flag: Flag, value: str) -> MigProfileAllowlist:
         raise ConfigError(f"{flag.label()}: {value!r}: {exc}") from exc
 
 
-def _node_config(flag: Flag, value: str, node_name: str, default_mode: OperatingMode) -> NodeConfig:
+def _split_count(flag: Flag, value: str) -> int:
+    try:
+        return check_split_count(int(value))
+    except ValueError:
+        raise ConfigError(f"{flag.label()}: {value!r}; allowed: an integer >= 1") from None
+
+
+def _node_config(
+    flag: Flag, value: str, node_name: str, default_mode: OperatingMode, split_count: int
+) -> NodeConfig:
     if not value:
-        return NodeConfig(name=node_name, operating_mode=default_mode)
+        return NodeConfig(name=node_name, operating_mode=default_mode, device_split_count=split_count)
     doc = _load_document(flag, value)
     if doc is None:
         doc = {}
     if not isinstance(doc, dict):
         raise ConfigError(f"{flag.label()}: {value!r} must hold an object with a 'nodeconfig' list")
     try:
-        return node_config_for(doc, node_name, default_mode)
+        return node_config_for(doc, node_name, default_mode, split_count)
     except NodeConfigError as exc:
         raise ConfigError(f"{flag.label()}: {value!r}: {exc}") from exc
 
@@ -203,8 +243,14 @@ def load_config(args: argparse.Namespace, env: Mapping[str, str] | None = None) 
             f"{by_name['node-name'].label()}: {node!r} is not a valid node name (DNS subdomain)"
         )
 
-    dirs = {n: _abs_dir(by_name[n], raw[n]) for n in ("registry-dir", "plugins-dir", "cdi-dir")}
-    files = {n: _abs_dir(by_name[n], raw[n]) for n in ("checkpoint-path", "boot-id-path")}
+    dirs = {
+        n: _abs_dir(by_name[n], raw[n]) for n in ("registry-dir", "plugins-dir", "cdi-dir", "hami-core-dir")
+    }
+    # The library may be missing (reported at start and as a metric), but its path must be absolute:
+    # it is a host path written into CDI specs.
+    files = {
+        n: _abs_dir(by_name[n], raw[n]) for n in ("checkpoint-path", "boot-id-path", "hami-core-library")
+    }
     sockets = (
         ("registry-dir", dirs["registry-dir"] / f"{DRIVER_NAME}-reg.sock"),
         ("plugins-dir", dirs["plugins-dir"] / DRIVER_NAME / "dra.sock"),
@@ -240,7 +286,15 @@ def load_config(args: argparse.Namespace, env: Mapping[str, str] | None = None) 
         nvml_spec=_check_nvml(by_name["nvml"], raw["nvml"]),
         kubeconfig=Path(kubeconfig) if kubeconfig else None,
         allowlist=_allowlist(by_name["device-config"], raw["device-config"]),
-        node_config=_node_config(by_name["node-config"], raw["node-config"], node, default_mode),
+        node_config=_node_config(
+            by_name["node-config"],
+            raw["node-config"],
+            node,
+            default_mode,
+            _split_count(by_name["device-split-count"], raw["device-split-count"]),
+        ),
         metrics_address=raw["metrics-address"],
         metrics_port=_metrics_port(by_name["metrics-port"], raw["metrics-port"]),
+        hami_core_library=files["hami-core-library"],
+        hami_core_dir=dirs["hami-core-dir"],
     )

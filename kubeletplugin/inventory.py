@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from api.constants import DeviceKind, mig_device_name, whole_gpu_device_name
+from api.constants import DeviceKind, mig_device_name, shared_gpu_device_name, whole_gpu_device_name
 from driver.catalog.types import GpuCatalog, MigProfile
 from driver.nvml.types import GpuInfo, Placement
 
@@ -19,7 +19,7 @@ class NodeDevice:
     name: str
     kind: DeviceKind
     gpu: GpuInfo
-    profile: MigProfile | None  # None for a whole GPU
+    profile: MigProfile | None  # None for a whole or shared GPU
     placement: Placement | None
 
 
@@ -33,6 +33,9 @@ class Inventory:
         for cat in catalogs:
             whole = whole_gpu_device_name(cat.gpu.index)
             devices[whole] = NodeDevice(whole, DeviceKind.WHOLE, cat.gpu, None, None)
+            # Every kind a GPU could be published as; the plugin keeps only what it published.
+            shared = shared_gpu_device_name(cat.gpu.index)
+            devices[shared] = NodeDevice(shared, DeviceKind.SHARED, cat.gpu, None, None)
             for profile in cat.profiles:
                 for placement in profile.placements:
                     name = mig_device_name(

@@ -8,7 +8,8 @@ depend on the generated client's model classes.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import structlog
@@ -26,6 +27,9 @@ class AllocatedDevice:
     driver: str
     pool: str
     device: str
+    # Set for devices that allow multiple allocations (HAMi-core shares, contract C2).
+    share_id: str | None = None
+    consumed_capacity: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +74,8 @@ def claim_view_from_dict(obj: JsonDict) -> ClaimView:
             driver=str(r.get("driver", "")),
             pool=str(r.get("pool", "")),
             device=str(r.get("device", "")),
+            share_id=str(r["shareID"]) if r.get("shareID") else None,
+            consumed_capacity={str(k): str(v) for k, v in (r.get("consumedCapacity") or {}).items()},
         )
         for r in results
     )

@@ -22,6 +22,7 @@ from kubernetes import config as k8s_config
 from api.constants import DRIVER_NAME
 from driver import cdi
 from driver.catalog.discover import discover_all
+from driver.hamicore import HamiCorePaths
 from driver.nvml.backend import open_nvml
 from driver.nvml.port import Nvml
 from driver.nvml.types import GpuInfo, NvmlError
@@ -29,6 +30,7 @@ from kubeletplugin.checkpoint import CheckpointCorrupt, CheckpointStore, read_bo
 from kubeletplugin.config import PluginConfig
 from kubeletplugin.crashpoints import Crashpoints
 from kubeletplugin.grpcserver import PluginServers, install_signal_handlers
+from kubeletplugin.hamicoresupport import HamiCoreSupport
 from kubeletplugin.health import NvmlHealthSource
 from kubeletplugin.inventory import Inventory
 from kubeletplugin.kubeapi import KubeClaimApi
@@ -163,8 +165,20 @@ class NodeAgent:
                 uuid=g.gpu_uuid,
                 whole=g.whole,
                 mig_devices=g.mig_devices,
+                shared=g.shared,
                 reason=g.reason,
             )
+        hami_core: HamiCoreSupport | None = None
+        if cfg.node_config.publishes_shared:
+            hami_core = HamiCoreSupport(
+                HamiCorePaths(cfg.hami_core_library, cfg.hami_core_dir), cfg.node_name, metrics
+            )
+            try:
+                hami_core.check()  # logs a warning and sets the metric when the library is absent
+            except OSError as exc:  # e.g. the ld.so.preload file cannot be written
+                log.error("cannot set up HAMi-core", dir=str(cfg.hami_core_dir), error=str(exc))
+                return 1
+            metrics.add_refresher(hami_core.check)  # installing the library shows up at the next scrape
         api = KubeClaimApi(api_client, DRIVER_NAME)
         status = StatusWriter(api, store, metrics, cfg.node_name)
         migmode = MigModeManager(ops, {g.index: g for g in gpus}, metrics)
@@ -184,6 +198,7 @@ class NodeAgent:
             # The simulator has no nvidia-caps; a host table would describe other (real) GPUs.
             mig_minors=None if cfg.is_simulated else cdi.read_mig_minors(),
             crash=crash,
+            hami_core=hami_core,
         )
         reconcile(
             preparer=preparer,
@@ -194,6 +209,7 @@ class NodeAgent:
             migmode=migmode,
             status=status,
             metrics=metrics,
+            manage_mig_mode=not cfg.node_config.publishes_shared,
         )
         health = NvmlHealthSource(nvml, inventory, store, cfg.node_name)
         publisher = SlicePublisher(api_client, cfg.node_name, build, metrics)

@@ -1,11 +1,16 @@
 """Node metrics (default port 31992): HAMi's `hami_mig_device_info` plus flexmig's own node metrics.
 
+`hami_mig_device_info` is about MIG instances only. HAMi-core shares of a hami-core node have their own
+series: `flexmig_hami_core_library_present{node}` (0 = shares are not enforced) and, per shared GPU,
+`flexmig_node_shared_gpu_{shares,memory_mib,cores}_in_use`.
+
 Each plugin process owns one `NodeMetrics` with its own registry, so tests can run several plugins in
 one interpreter without label collisions.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -30,6 +35,17 @@ class RealizedInstance:
     profile: str
     gpu_instance_id: int
     compute_instance_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class SharedGpuUsage:
+    """What the prepared HAMi-core shares of one GPU add up to."""
+
+    gpu_index: int
+    gpu_uuid: str
+    shares: int
+    memory_mib: int
+    cores: int
 
 
 class NodeMetrics:
@@ -93,7 +109,50 @@ class NodeMetrics:
             "Devices published in this node's ResourceSlices",
             registry=self.registry,
         )
+        self.hami_core_library_present = Gauge(
+            "flexmig_hami_core_library_present",
+            "1 when HAMi-core's library is usable at --hami-core-library (shares are enforced), 0 when"
+            " it is absent (shares are prepared but NOT enforced); only on hami-core nodes",
+            ["node"],
+            registry=self.registry,
+        )
+        shared_labels = ["gpu", "uuid"]
+        self.shared_gpu_shares = Gauge(
+            "flexmig_node_shared_gpu_shares_in_use",
+            "HAMi-core shares prepared on a shared GPU (each counts against its splitCount)",
+            shared_labels,
+            registry=self.registry,
+        )
+        self.shared_gpu_memory = Gauge(
+            "flexmig_node_shared_gpu_memory_mib_in_use",
+            "Memory (MiB) the prepared HAMi-core shares of a GPU may allocate, summed",
+            shared_labels,
+            registry=self.registry,
+        )
+        self.shared_gpu_cores = Gauge(
+            "flexmig_node_shared_gpu_cores_in_use",
+            "SM percent the prepared HAMi-core shares of a GPU hold, summed",
+            shared_labels,
+            registry=self.registry,
+        )
         self._lock = threading.Lock()
+        self._refreshers: list[Callable[[], object]] = []
+
+    def add_refresher(self, refresh: Callable[[], object]) -> None:
+        """Run `refresh` before every scrape (cheap checks whose answer should never be stale)."""
+        self._refreshers.append(refresh)
+
+    def set_shared_usage(self, usage: Iterable[SharedGpuUsage]) -> None:
+        """Replace the shared-GPU series wholesale, so a GPU whose last share went reads absent."""
+        with self._lock:
+            gauges = (self.shared_gpu_shares, self.shared_gpu_memory, self.shared_gpu_cores)
+            for gauge in gauges:
+                gauge.clear()
+            for u in usage:
+                labels = {"gpu": str(u.gpu_index), "uuid": u.gpu_uuid}
+                self.shared_gpu_shares.labels(**labels).set(u.shares)
+                self.shared_gpu_memory.labels(**labels).set(u.memory_mib)
+                self.shared_gpu_cores.labels(**labels).set(u.cores)
 
     def set_realized_instances(self, instances: Iterable[RealizedInstance]) -> None:
         """Replace the info series wholesale, so a destroyed instance disappears from /metrics."""
@@ -119,6 +178,10 @@ class NodeMetrics:
                 self.checkpoint_claims.labels(state=state).set(count)
 
     def render(self) -> bytes:
+        for refresh in self._refreshers:
+            # The refresher logs its own failures; a scrape still answers.
+            with contextlib.suppress(OSError):
+                refresh()
         return generate_latest(self.registry)
 
 

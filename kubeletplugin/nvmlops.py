@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from driver.nvml.port import Nvml
-from driver.nvml.types import ComputeInstance, GpuInstance, MigMode, NvmlError, NvmlErrorCode
+from driver.nvml.types import ComputeInstance, GpuInfo, GpuInstance, MigMode, NvmlError, NvmlErrorCode
 from kubeletplugin.metrics import NodeMetrics
 
 T = TypeVar("T")
@@ -32,6 +32,9 @@ class NvmlOps:
         except NvmlError as exc:
             self._metrics.nvml_errors.labels(call=exc.function, code=exc.code.name).inc()
             raise
+
+    def gpu_info(self, index: int) -> GpuInfo:
+        return self._counted(lambda: self.nvml.gpu(index))
 
     def mig_mode(self, index: int) -> MigMode:
         return self._counted(lambda: self.nvml.mig_mode(index))

@@ -23,6 +23,30 @@ class PlacementBusy(Exception):
     """The allocated placement is occupied by an instance this claim does not own."""
 
 
+class SharedGpuUnavailable(Exception):
+    """A HAMi-core shared GPU is not there as published (gone, replaced, or in MIG mode)."""
+
+
+def check_shared_gpu(ops: NvmlOps, rec: PreparedDeviceRecord) -> None:
+    """A shared GPU must be the published one (same UUID at that index) and have MIG off.
+
+    Read-only on purpose: flexmig never changes MIG state for a HAMi-core share (the GPU may be in MIG
+    mode for a reason an administrator owns), it only refuses with a message saying what to do.
+    """
+    gpu = ops.gpu_info(rec.gpu_index)
+    if gpu.uuid != rec.gpu_uuid:
+        raise SharedGpuUnavailable(
+            f"GPU {rec.gpu_index} is now {gpu.uuid}, not the published {rec.gpu_uuid}; restart the plugin"
+            " after hardware changes"
+        )
+    if gpu.mig_capable and ops.mig_mode(rec.gpu_index).current:
+        raise SharedGpuUnavailable(
+            f"GPU {rec.gpu_index} ({gpu.uuid}) is in MIG mode; a HAMi-core share needs the whole GPU and"
+            f" flexmig does not change MIG mode on hami-core nodes: disable MIG (nvidia-smi -i"
+            f" {rec.gpu_index} -mig 0, plus a GPU reset where the GPU needs one)"
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class RealisedMig:
     gi_id: int

@@ -13,6 +13,9 @@ Per claim, prepare is (design.md, "Node side"):
   -> claim status.devices + the pods' HAMi mirror (outside the GPU locks; a failure is this claim's
      error and the retry re-attempts just the write).
 
+A HAMi-core shared GPU (`gpu-<i>-shared`, hami-core nodes) creates nothing through NVML and never
+touches MIG mode: see prepare_shared.
+
 Claims on different GPUs run in parallel (within one call and across calls); one claim's failure
 never fails another. Unprepare destroys CI then GI (gone = success, IN_USE = the claim's error so
 kubelet retries), removes the CDI spec and the checkpoint entry; an unknown claim succeeds.
@@ -37,12 +40,21 @@ from driver.nvml.types import NvmlError
 from kubeletplugin.checkpoint import CheckpointStore, ClaimCheckpoint, ClaimState, PreparedDeviceRecord
 from kubeletplugin.crashpoints import Crashpoints
 from kubeletplugin.grpcserver import ClaimRef, PreparedDevice, PrepareResult
+from kubeletplugin.hamicoresupport import HamiCoreSupport
 from kubeletplugin.inventory import Inventory
-from kubeletplugin.kubeapi import ClaimApi, ClaimNotFound, ClaimView, api_error_text
+from kubeletplugin.kubeapi import AllocatedDevice, ClaimApi, ClaimNotFound, ClaimView, api_error_text
 from kubeletplugin.metrics import NodeMetrics
 from kubeletplugin.migmode import MigModeError, MigModeManager
 from kubeletplugin.nvmlops import NvmlOps
-from kubeletplugin.prepare_steps import PlacementBusy, check_placement_free, destroy_mig, realise_mig
+from kubeletplugin.prepare_shared import shared_cdi_devices, shared_usage, shares_of
+from kubeletplugin.prepare_steps import (
+    PlacementBusy,
+    SharedGpuUnavailable,
+    check_placement_free,
+    check_shared_gpu,
+    destroy_mig,
+    realise_mig,
+)
 from kubeletplugin.statuswriter import StatusWriter
 
 log = structlog.get_logger(__name__)
@@ -75,6 +87,7 @@ class Preparer:
         cdi_dir: Path,
         mig_minors: Mapping[str, int] | None,
         crash: Crashpoints,
+        hami_core: HamiCoreSupport | None = None,
     ) -> None:
         self._node = node_name
         self._ops = ops
@@ -87,6 +100,7 @@ class Preparer:
         self._cdi_dir = cdi_dir
         self._mig_minors = mig_minors
         self._crash = crash
+        self._hami_core = hami_core
         self._locks_guard = threading.Lock()
         self._gpu_locks: dict[int, threading.Lock] = {}
         self._pool = ThreadPoolExecutor(max_workers=_MAX_PARALLEL_CLAIMS, thread_name_prefix="flexmig-claim")
@@ -126,7 +140,16 @@ class Preparer:
         start = time.monotonic()
         try:
             result = PrepareResult(devices=self._prepare_one(ref))
-        except (ClaimError, NvmlError, MigModeError, PlacementBusy, ApiException, OSError, ValueError) as exc:
+        except (
+            ClaimError,
+            NvmlError,
+            MigModeError,
+            PlacementBusy,
+            SharedGpuUnavailable,
+            ApiException,
+            OSError,
+            ValueError,
+        ) as exc:
             log.error(
                 "prepare failed", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid, error=_describe(exc)
             )
@@ -156,6 +179,7 @@ class Preparer:
     def _records_for(self, view: ClaimView) -> list[PreparedDeviceRecord]:
         """This node's devices of the claim as (not yet realised) checkpoint records."""
         requests: dict[str, list[str]] = {}
+        results: dict[str, list[AllocatedDevice]] = {}
         for result in view.devices:
             if result.driver != DRIVER_NAME:
                 continue
@@ -167,6 +191,7 @@ class Preparer:
                 )
                 continue
             requests.setdefault(result.device, []).append(result.request)
+            results.setdefault(result.device, []).append(result)
         unknown = [name for name in requests if self._inventory.get(name) is None]
         if unknown:
             raise ClaimError(
@@ -178,7 +203,8 @@ class Preparer:
             nd = self._inventory.get(name)
             assert nd is not None
             base = PreparedDeviceRecord(
-                request_names=tuple(reqs),
+                # One request may name a shared device more than once (several shares of one GPU).
+                request_names=tuple(dict.fromkeys(reqs)),
                 pool=self._node,
                 device_name=name,
                 gpu_index=nd.gpu.index,
@@ -196,6 +222,8 @@ class Preparer:
                     created_gi=True,
                     created_ci=True,
                 )
+            elif nd.kind is DeviceKind.SHARED:
+                base = dataclasses.replace(base, shares=shares_of(results[name], nd.gpu.memory_total_mib))
             records.append(base)
         return records
 
@@ -226,9 +254,9 @@ class Preparer:
     ) -> ClaimCheckpoint:
         checkpoint = self._store.load()
         existing = checkpoint.claims.get(ref.uid)
-        wanted = [r.device_name for r in records]
+        wanted = [(r.device_name, r.shares) for r in records]
         if existing is not None and existing.state is ClaimState.PREPARE_COMPLETED:
-            if [d.device_name for d in existing.devices] == wanted:
+            if [(d.device_name, d.shares) for d in existing.devices] == wanted:
                 return existing
             log.warning("claim was prepared for other devices; replacing them", uid=ref.uid, devices=wanted)
         if existing is not None:
@@ -264,13 +292,19 @@ class Preparer:
     def _realise(self, started: ClaimCheckpoint) -> ClaimCheckpoint:
         for index in sorted({d.gpu_index for d in started.devices if d.is_mig}):
             self._migmode.ensure_for_mig(index)
-        for index in sorted({d.gpu_index for d in started.devices if not d.is_mig}):
+        for index in sorted({d.gpu_index for d in started.devices if not d.is_mig and not d.is_shared}):
             self._migmode.ensure_for_whole(index)
+        for rec in started.devices:
+            if rec.is_shared:
+                check_shared_gpu(self._ops, rec)
+        shared, spec_edits = self._shared_edits(started)
         devices: list[PreparedDeviceRecord] = []
         cdi_devices: list[cdi.PreparedDevice] = []
         for rec in started.devices:
             minor = self._inventory_minor(rec)
-            if rec.is_mig:
+            if rec.is_shared:
+                cdi_devices.append(shared[rec.device_name])
+            elif rec.is_mig:
                 mig = realise_mig(self._ops, rec, self._crash)
                 rec = dataclasses.replace(rec, gi_id=mig.gi_id, ci_id=mig.ci_id, mig_uuid=mig.mig_uuid)
                 cdi_devices.append(
@@ -283,7 +317,7 @@ class Preparer:
                     rec, cdi_device_ids=(cdi.qualified_device_id(started.uid, rec.device_name),)
                 )
             )
-        spec = cdi.build_claim_spec(started.uid, cdi_devices, self._mig_minors)
+        spec = cdi.build_claim_spec(started.uid, cdi_devices, self._mig_minors, spec_edits)
         cdi.write_spec_atomically(self._cdi_dir, started.uid, spec)
         self._crash.reach("after-cdi-write")
         completed = dataclasses.replace(started, state=ClaimState.PREPARE_COMPLETED, devices=tuple(devices))
@@ -297,6 +331,18 @@ class Preparer:
             devices=[(d.device_name, d.mig_uuid) for d in devices],
         )
         return completed
+
+    def _shared_edits(
+        self, started: ClaimCheckpoint
+    ) -> tuple[dict[str, cdi.PreparedShared], dict[str, object] | None]:
+        records = [d for d in started.devices if d.is_shared]
+        if not records:
+            return {}, None
+        if self._hami_core is None:
+            raise ClaimError("shared GPUs are only prepared on hami-core nodes")
+        minors = {r.device_name: self._inventory_minor(r) for r in records}
+        devices, limits = shared_cdi_devices(records, minors)
+        return devices, self._hami_core.claim_edits(started.uid, limits)
 
     def _inventory_minor(self, rec: PreparedDeviceRecord) -> int:
         nd = self._inventory.get(rec.device_name)
@@ -327,6 +373,8 @@ class Preparer:
                 )
         self._crash.reach("before-checkpoint-remove")
         cdi.remove_spec(self._cdi_dir, entry.uid)
+        if self._hami_core is not None and any(d.is_shared for d in entry.devices):
+            self._hami_core.release(entry.uid)
         self._store.remove_claim(entry.uid)
         self._status.forget_claim(entry.uid)
         for index in touched:
@@ -365,6 +413,8 @@ class Preparer:
 
     def update_checkpoint_metrics(self) -> None:
         counts = {s.value: 0 for s in ClaimState}
-        for claim in self._store.load().claims.values():
+        claims = list(self._store.load().claims.values())
+        for claim in claims:
             counts[claim.state.value] += 1
         self._metrics.set_checkpoint_counts(counts)
+        self._metrics.set_shared_usage(shared_usage(claims))

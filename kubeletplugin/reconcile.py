@@ -10,7 +10,9 @@
    plugin (or was created by us for a claim we already cleaned up and then re-created by someone
    else): it is logged and counted (`flexmig_node_orphan_instances_total{action="reported"}`), never
    destroyed.
-4. Hopper+ GPUs left in MIG mode without any instance are switched back off.
+4. Hopper+ GPUs left in MIG mode without any instance are switched back off (not on hami-core
+   nodes: flexmig never changes MIG mode there, and their shared-GPU claims own no NVML object, so
+   steps 1-2 only remove their CDI spec, cache dir and checkpoint entry).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ def reconcile(
     migmode: MigModeManager,
     status: StatusWriter,
     metrics: NodeMetrics,
+    manage_mig_mode: bool = True,
 ) -> ReconcileReport:
     report = ReconcileReport()
     checkpoint = store.load()
@@ -109,7 +112,8 @@ def reconcile(
                 profile_id=gi.profile_id,
                 placement=str(gi.placement),
             )
-        migmode.release(gpu.index)
+        if manage_mig_mode:
+            migmode.release(gpu.index)
     preparer.update_checkpoint_metrics()
     log.info(
         "startup reconcile done",

@@ -18,8 +18,9 @@ known model has <=31), and GPUs are packed first-fit in index order so a 16-GPU 
 Slice names are `<node>-gpu.flexmig.dev-<k>`, counter slices first. All slices carry the same
 generation and `resourceSliceCount`, so the scheduler only uses the pool once it sees all of them.
 
-Which GPUs appear (design.md): none when the node's `operatingmode` is not `mig` or the GPU is in
-`filterdevices`. Hopper and newer publish the whole GPU and its MIG devices (MIG mode is switched at
+Which GPUs appear (design.md): none when the GPU is in `filterdevices` or the node's `operatingmode`
+is `mps`. A `hami-core` node publishes one shareable `gpu-<i>-shared` device per GPU whose MIG mode is
+off and nothing else (kubeletplugin/shareddevice.py, contract C1). On a `mig` node: Hopper and newer publish the whole GPU and its MIG devices (MIG mode is switched at
 prepare). GPUs that need a reset to switch MIG mode (Ampere) publish what their *current* mode allows:
 the whole GPU when MIG is off, only MIG devices when it is on.
 """
@@ -41,6 +42,7 @@ from api.constants import (
 )
 from driver.catalog.types import GpuCatalog, MigProfile
 from kubeletplugin.nodeconfig import NodeConfig
+from kubeletplugin.shareddevice import shared_decision, shared_gpu_device
 from kubeletplugin.slicelimits import (
     MAX_ATTRIBUTE_STRING_LENGTH,
     MAX_COUNTER_SETS_PER_SLICE,
@@ -72,6 +74,7 @@ class GpuPublication:
     whole: bool
     mig_devices: int
     reason: str
+    shared: bool = False  # `gpu-<i>-shared` published (hami-core node)
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +239,9 @@ def _mig_device(
             "placementSize": {"int": size},
             "memorySlices": {"int": profile.memory_slices},
             "computeSlices": {"int": profile.compute_slices},
+            # The parent's totals, so a selector can ask for "at least p% of the GPU" (contract C1/C3).
+            "gpuMemorySlices": {"int": catalog.memory_slices},
+            "gpuComputeSlices": {"int": catalog.compute_slices},
         },
         "capacity": capacity,
         "consumesCounters": [{"counterSet": set_name, "counters": counters}],
@@ -316,6 +322,19 @@ def build_node_slices(
     device_groups: list[list[dict[str, Any]]] = []
     report: list[GpuPublication] = []
     for catalog in sorted(catalogs, key=lambda c: c.gpu.index):
+        if node_config.publishes_shared:
+            gpu = catalog.gpu
+            shared, reason = shared_decision(
+                catalog, mig_enabled.get(gpu.index, False), node_config.is_filtered(gpu.index, gpu.uuid)
+            )
+            if shared:
+                device = shared_gpu_device(
+                    catalog, node_config.device_split_count, _common_attributes(catalog)
+                )
+                device_groups.append([device])
+                reason = f"{reason} ({node_config.device_split_count} shares)"
+            report.append(GpuPublication(gpu.index, gpu.uuid, False, 0, reason, shared=shared))
+            continue
         whole, mig, reason = gpu_decision(catalog, mig_enabled.get(catalog.gpu.index, False), node_config)
         counter_set, devices = _gpu_devices(catalog, whole, mig) if whole or mig else (None, [])
         if counter_set is not None:

@@ -1,4 +1,5 @@
-"""`flexmig controller`: the cluster-side allocator (mode `controller`), with leader election and metrics."""
+"""`flexmig controller`: the cluster-side allocator (mode `controller`), with leader election, metrics
+and the pod webhook (every replica serves it; only the leader writes: see controller/webhook/service.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,12 @@ from typing import Any
 import structlog
 
 from api.constants import DEFAULT_CONTROLLER_METRICS_PORT
+from flexmig.commands.controller_webhook import (
+    add_webhook_flags,
+    load_defaults,
+    validate_webhook_flags,
+    webhook_settings,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -28,6 +35,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--leader-elect", default="true", help="true or false")
     p.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE", "kube-system"))
     p.add_argument("--identity", default=os.environ.get("POD_NAME") or socket.gethostname())
+    add_webhook_flags(p)
     p.set_defaults(func=run)
 
 
@@ -40,7 +48,7 @@ def _validate(args: argparse.Namespace) -> str | None:
         return f"--metrics-port: {args.metrics_port} is not a port (0..65535, 0 disables)"
     if args.leader_elect not in ("true", "false"):
         return f"--leader-elect: {args.leader_elect!r} is not one of true, false"
-    return None
+    return validate_webhook_flags(args)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,9 +68,19 @@ def run(args: argparse.Namespace) -> int:
     from controller.loop import Controller
     from controller.metrics import ControllerMetrics
     from controller.watchcache import WatchCache
+    from controller.webhook.server import bind_check
     from controller.writer import Writer
     from driver.policy.allocator import FirstFitPolicy, PackingPolicy
 
+    settings = webhook_settings(args)
+    try:
+        defaults = load_defaults(args.device_config)
+        if settings is not None and (problem := bind_check(settings.address, settings.port)):
+            raise ValueError(f"--webhook-port: {problem}")
+    except ValueError as exc:
+        log.error("invalid flag", problem=str(exc))
+        print(f"flexmig controller: {exc}")
+        return 2
     if args.kubeconfig:
         api = kconfig.new_client_from_config(config_file=args.kubeconfig)  # type: ignore[no-untyped-call]
     else:
@@ -86,14 +104,26 @@ def run(args: argparse.Namespace) -> int:
         metrics.leader.set(1 if value else 0)
         return value
 
+    webhook = None
+    if settings is not None:
+        from controller.webhook import WebhookService
+
+        webhook = WebhookService(api, settings, defaults, is_leader=leading, registry=metrics.registry)
+        webhook.start()
     policy = PackingPolicy() if args.policy == "flexmig" else FirstFitPolicy()
     controller = Controller(
         WatchCache.for_api(api), Writer(api), policy=policy, metrics=metrics, is_leader=leading
     )
     log.info(
-        "controller starting", identity=args.identity, policy=args.policy, metrics_port=args.metrics_port
+        "controller starting",
+        identity=args.identity,
+        policy=args.policy,
+        metrics_port=args.metrics_port,
+        webhook_port=args.webhook_port or None,
     )
     controller.run(stop.is_set)
+    if webhook is not None:
+        webhook.stop()
     if elector is not None:
         elector.stop_event.set()
         elector.join(timeout=5)

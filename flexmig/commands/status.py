@@ -129,7 +129,11 @@ def run(args: argparse.Namespace) -> int:
             slices = list_all(api, SLICES, args.timeout, selector)
             claims = list_all(api, CLAIMS, args.timeout)
             allocations = collect_allocations(claims)
-            if any(not h.pods for h in allocations.holders.values()):
+            holders = [
+                *allocations.holders.values(),
+                *(share.holder for held in allocations.shares.values() for share in held),
+            ]
+            if any(not h.pods for h in holders):
                 # Some claim names no pod itself (not reserved yet, not generated): find who references it.
                 allocations = collect_allocations(claims, list_all(api, PODS, args.timeout))
         finally:

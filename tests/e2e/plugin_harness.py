@@ -262,8 +262,14 @@ class ClaimFactory:
         pool: str | None = None,
         driver: str = DRIVER_NAME,
         containers: int = 1,
+        device_class: str = DEVICE_CLASS,
+        result_fields: Sequence[Mapping[str, Any]] | None = None,
     ) -> dict[str, str]:
-        """Claim `name` with request `gpu` (count = len(devices)) allocated to `devices`, and pod `name`."""
+        """Claim `name` with request `gpu` (count = len(devices)) allocated to `devices`, and pod `name`.
+
+        `result_fields[i]` is merged into the i-th allocation result (e.g. `shareID`, `consumedCapacity`
+        of a shared device).
+        """
         claim = {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaim",
@@ -271,7 +277,7 @@ class ClaimFactory:
             "spec": {
                 "devices": {
                     "requests": [
-                        {"name": "gpu", "exactly": {"deviceClassName": DEVICE_CLASS, "count": len(devices)}}
+                        {"name": "gpu", "exactly": {"deviceClassName": device_class, "count": len(devices)}}
                     ]
                 }
             },
@@ -300,8 +306,14 @@ class ClaimFactory:
                 "allocation": {
                     "devices": {
                         "results": [
-                            {"request": "gpu", "driver": driver, "pool": pool or node, "device": d}
-                            for d in devices
+                            {
+                                "request": "gpu",
+                                "driver": driver,
+                                "pool": pool or node,
+                                "device": d,
+                                **(result_fields[i] if result_fields else {}),
+                            }
+                            for i, d in enumerate(devices)
                         ]
                     },
                     "nodeSelector": {
@@ -404,3 +416,21 @@ def instances(nd: NodeDir) -> list[tuple[int, int, int, int, tuple[int, ...]]]:
         for g in snap.gpus
         for gi in g.gpu_instances
     )
+
+
+def scrape(port: int, host: str = "127.0.0.1", timeout_s: float = 5.0) -> str:
+    """The text of http://host:port/metrics: a plugin's node port (31992 in the chart) or the controller's (31993)."""
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=timeout_s) as r:
+        return str(r.read().decode())
+
+
+def metric_samples(text: str, name: str) -> list[dict[str, str]]:
+    """Labels of each sample of metric `name` with a non-zero value (an info gauge: one per instance)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return [
+        dict(s.labels)
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name and s.value != 0
+    ]

@@ -96,9 +96,10 @@ def run_helm(helm_bin: Path, home: Path, *args: str) -> subprocess.CompletedProc
     )
 
 
-# The webhook is off by default until the controller serves it (values.yaml says why); the tests
-# render and install the chart with it on, the configuration it is built for.
+# The webhook is on by default (the controller serves it); the tests say so explicitly, and
+# `webhook=False` renders the chart with it turned off.
 WEBHOOK_ON = ("--set", "webhook.enabled=true")
+WEBHOOK_OFF = ("--set", "webhook.enabled=false")
 
 
 def render(
@@ -119,7 +120,7 @@ def render(
         namespace,
         "--kube-version",
         KUBE_VERSION,
-        *(WEBHOOK_ON if webhook else ()),
+        *(WEBHOOK_ON if webhook else WEBHOOK_OFF),
         *extra,
     )
     assert proc.returncode == 0, f"helm template {shlex.join(extra)} failed:\n{proc.stderr}"
@@ -161,10 +162,14 @@ def test_lint_strict(helm_bin: Path, tmp_path: Path) -> None:
         assert "[WARNING]" not in out and "[ERROR]" not in out, out
 
 
-def test_webhook_is_off_by_default(helm_bin: Path, tmp_path: Path) -> None:
+def test_webhook_is_on_by_default_and_can_be_turned_off(helm_bin: Path, tmp_path: Path) -> None:
+    proc = run_helm(helm_bin, tmp_path, "template", "flexmig", str(CHART), "--kube-version", KUBE_VERSION)
+    assert proc.returncode == 0, proc.stderr
+    assert "kind: MutatingWebhookConfiguration" in proc.stdout
     docs = render(helm_bin, tmp_path, webhook=False)
     assert not by_kind(docs, "MutatingWebhookConfiguration")
-    assert one(docs, "Deployment")  # the controller still runs and allocates gated pods
+    deploy = one(docs, "Deployment")  # the controller still runs and allocates gated pods
+    assert parse_cli(container(deploy, "controller")["args"], {}).webhook_port == 0
 
 
 def test_template_defaults(helm_bin: Path, tmp_path: Path) -> None:
@@ -248,9 +253,10 @@ def test_template_defaults(helm_bin: Path, tmp_path: Path) -> None:
 
     # The webhook: fails closed, never for the release namespace or kube-system.
     hook = one(docs, "MutatingWebhookConfiguration")["webhooks"][0]
+    # NoneOnDryRun: the webhook creates the shim's ResourceClaimTemplates, except in dry runs.
     assert (hook["failurePolicy"], hook["sideEffects"], hook["admissionReviewVersions"]) == (
         "Fail",
-        "None",
+        "NoneOnDryRun",
         ["v1"],
     )
     assert hook["rules"][0]["operations"] == ["CREATE"] and hook["rules"][0]["resources"] == ["pods"]
@@ -288,14 +294,10 @@ def test_template_overrides(helm_bin: Path, tmp_path: Path) -> None:
     env = {e["name"]: e.get("value") for e in plugin["env"]}
     assert env["NVIDIA_MIG_CONFIG_DEVICES"] == "all" and "LD_LIBRARY_PATH" not in env
 
-    # A provided certificate: the controller may read that one Secret and no webhook configuration.
+    # A provided certificate: mounted by the kubelet, so the controller may read no Secret and
+    # patch no webhook configuration.
     role = one(docs, "Role")
-    assert {
-        "apiGroups": [""],
-        "resources": ["secrets"],
-        "resourceNames": ["flexmig-webhook-tls"],
-        "verbs": ["get", "watch"],
-    } in role["rules"]
+    assert not [r for r in role["rules"] if "secrets" in r["resources"]]
     cluster_role = one(docs, "ClusterRole", "-controller")
     assert not [r for r in cluster_role["rules"] if "mutatingwebhookconfigurations" in r["resources"]]
     assert {d["metadata"]["name"] for d in by_kind(docs, "DeviceClass")} == {
@@ -687,6 +689,9 @@ def _check_rbac(api: Any) -> None:
         name=DRIVER,
     )
     assert can(api, ctrl, verb="create", resource="resourceclaimtemplates", group=res, ns="ns1")
+    # The webhook stamps a template's last use; the leader deletes unused ones.
+    for verb in ("patch", "delete"):
+        assert can(api, ctrl, verb=verb, resource="resourceclaimtemplates", group=res, ns="ns1", name="t")
     assert can(api, ctrl, verb="patch", resource="pods", ns="ns1", name="p")
     assert can(
         api,
@@ -706,6 +711,13 @@ def _check_rbac(api: Any) -> None:
         group=hooks,
         name=f"{RELEASE}.{DRIVER}",
     )
+    # The self-generated webhook certificate: its own Secret only.
+    cert = f"{RELEASE}-webhook-cert"
+    for verb in ("get", "update"):
+        assert can(api, ctrl, verb=verb, resource="secrets", ns=NAMESPACE, name=cert)
+    assert can(api, ctrl, verb="create", resource="secrets", ns=NAMESPACE)
+    assert not can(api, ctrl, verb="get", resource="secrets", ns=NAMESPACE, name="other")
+    assert not can(api, ctrl, verb="create", resource="secrets", ns="ns1")
     # ... and not more.
     assert not can(
         api, ctrl, verb="patch", resource="mutatingwebhookconfigurations", group=hooks, name="other"

@@ -61,7 +61,8 @@ def test_mig_spec_content_with_minors_table() -> None:
     assert spec["cdiVersion"] == "0.6.0" and spec["kind"] == "gpu.flexmig.dev/mig"
     mig, whole = spec["devices"]
     assert mig["name"] == f"{UID}-gpu-2-mig-1g5gb-19-3"
-    assert mig["containerEdits"]["env"] == [f"NVIDIA_VISIBLE_DEVICES={MIG_UUID}"]
+    # Both devices name every UUID of the claim: a runtime keeps only one value per env var.
+    assert mig["containerEdits"]["env"] == [f"NVIDIA_VISIBLE_DEVICES={MIG_UUID},{GPU_UUID}"]
     assert [n["path"] for n in mig["containerEdits"]["deviceNodes"]] == [
         "/dev/nvidia2",
         "/dev/nvidiactl",
@@ -70,7 +71,7 @@ def test_mig_spec_content_with_minors_table() -> None:
         "/dev/nvidia-caps/nvidia-cap999",
         "/dev/nvidia-caps/nvidia-cap1000",
     ]
-    assert whole["containerEdits"]["env"] == [f"NVIDIA_VISIBLE_DEVICES={GPU_UUID}"]
+    assert whole["containerEdits"]["env"] == [f"NVIDIA_VISIBLE_DEVICES={MIG_UUID},{GPU_UUID}"]
     assert whole["containerEdits"]["deviceNodes"][0] == {"path": "/dev/nvidia0"}
     assert len(whole["containerEdits"]["deviceNodes"]) == 4
     assert "containerEdits" not in spec

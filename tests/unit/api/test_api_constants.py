@@ -16,6 +16,7 @@ from api.constants import (
     memory_slice_counter_name,
     mig_device_name,
     parse_device_name,
+    shared_gpu_device_name,
     whole_gpu_device_name,
 )
 
@@ -64,6 +65,19 @@ def test_other_names() -> None:
         str(DeviceName(DeviceKind.MIG, 0, "1g5gb"))
 
 
+def test_shared_names() -> None:
+    assert shared_gpu_device_name(0) == "gpu-0-shared"
+    assert shared_gpu_device_name(3) == "gpu-3-shared"
+    assert parse_device_name("gpu-3-shared") == DeviceName(kind=DeviceKind.SHARED, gpu_index=3)
+    assert str(DeviceName(DeviceKind.SHARED, 11)) == "gpu-11-shared"
+    # The shared device of a GPU is distinct from its whole-GPU and MIG devices.
+    assert parse_device_name("gpu-3").kind is DeviceKind.WHOLE
+    with pytest.raises(ValueError):
+        shared_gpu_device_name(-1)
+    with pytest.raises(ValueError):
+        shared_gpu_device_name(True)
+
+
 @pytest.mark.parametrize(
     "name",
     [
@@ -88,6 +102,13 @@ def test_other_names() -> None:
         "gpu-x-mig-1g5gb-19-3",
         "gpu-0-mag-1g5gb-19-3",
         "gpu-0-mig-" + "a" * 60 + "-1-2",
+        "gpu-0-shared-",
+        "gpu-00-shared",
+        "gpu--shared",
+        "gpu-shared",
+        "gpu-0-shared-1",
+        "gpu-0-Shared",
+        "gpu-0-mig-shared",
     ],
 )
 def test_parse_rejects(name: str) -> None:
@@ -116,7 +137,7 @@ def test_mig_device_name_rejects(args: tuple[int, str, int, int]) -> None:
 
 
 def test_index_helpers_reject_negative() -> None:
-    for fn in (whole_gpu_device_name, counter_set_name, memory_slice_counter_name):
+    for fn in (whole_gpu_device_name, shared_gpu_device_name, counter_set_name, memory_slice_counter_name):
         with pytest.raises(ValueError):
             fn(-1)
 
@@ -157,7 +178,14 @@ def test_whole_round_trip(gpu: int) -> None:
     assert parse_device_name(name) == DeviceName(DeviceKind.WHOLE, gpu)
 
 
-@given(st.text(alphabet="abcgmpu0123456789-.+", max_size=40))
+@given(st.integers(min_value=0, max_value=10**40))
+def test_shared_round_trip(gpu: int) -> None:
+    name = shared_gpu_device_name(gpu)
+    assert is_dns_label(name)
+    assert parse_device_name(name) == DeviceName(DeviceKind.SHARED, gpu)
+
+
+@given(st.text(alphabet="abcdeghmprsu0123456789-.+", max_size=40))
 def test_parse_is_total_and_canonical(text: str) -> None:
     # Whatever parses must format back to exactly the same string; everything else is ValueError.
     try:

@@ -216,3 +216,34 @@ def test_unreachable_api_is_one_line_exit_2(tmp_path: Path, capsys: pytest.Captu
     assert main(["status", "--kubeconfig", str(config), "--timeout", "2"]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith(f"flexmig status: cannot reach the API server at http://127.0.0.1:{port}:")
+
+
+def test_shared_gpus_show_each_share_and_what_is_left() -> None:
+    from shared_helpers import shared_slice
+
+    inv = Inventory([shared_slice("h", [16000, 16000], split=4)])
+
+    def share(name: str, memory: str | None, cores: str = "0") -> dict[str, Any]:
+        result: dict[str, Any] = {
+            "request": "gpus",
+            "driver": DRIVER_NAME,
+            "pool": "h",
+            "device": "gpu-0-shared",
+            "shareID": f"{name}-0000-4000-8000-000000000000",
+        }
+        if memory is not None:
+            result["consumedCapacity"] = {"memory": memory, "cores": cores, "shares": "1"}
+        return _claim(name, [], owner=f"pod-{name}") | {
+            "status": {"allocation": {"devices": {"results": [result]}}}
+        }
+
+    allocations = collect_allocations([share("a", "4000Mi", "30"), share("b", "2000Mi")])
+    assert not allocations.conflicts and not allocations.holders
+    text = render(inv, allocations)
+    assert "h  GPU 0  A100-40GB  shared (hami-core)" in text
+    assert "4000Mi  cores 30%" in text and "pod ns/pod-a" in text and "claim ns/b" in text
+    assert "free: 10000/16000 MiB, cores 70/100, split slots 2/4" in text
+    assert "free: 16000/16000 MiB, cores 100/100, split slots 4/4" in text  # gpu 1
+    assert text.endswith("2 GPUs on 1 node, 2 allocated devices")
+    defaults = render(inv, collect_allocations([share("c", None)]))
+    assert "16000Mi  cores -" in defaults and "(defaults)" in defaults and "still fits: nothing" in defaults

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 from pathlib import Path
@@ -19,6 +20,7 @@ from kubeletplugin.checkpoint import (
     checkpoint_to_json,
     read_boot_id,
 )
+from kubeletplugin.sharedcapacity import SharedShare
 
 BOOT = "4c8e2a4e-0000-4000-8000-000000000001"
 
@@ -192,3 +194,48 @@ def test_read_boot_id(tmp_path: Path) -> None:
         read_boot_id(f)
     with pytest.raises(ValueError, match="boot_id"):
         CheckpointStore(tmp_path / "cp.json", "")
+
+
+def _shared_claim() -> ClaimCheckpoint:
+    rec = PreparedDeviceRecord(
+        request_names=("gpus",),
+        pool="node-a",
+        device_name="gpu-2-shared",
+        gpu_index=2,
+        gpu_uuid="GPU-c",
+        shares=(SharedShare("7d9c6c0e-2f4b-4b8e-9d71-5b7e8f0a1c23", 8000, 30, 1), SharedShare(None, 1, 0, 1)),
+    )
+    return ClaimCheckpoint("uid-s", "ns", "s", ClaimState.PREPARE_COMPLETED, (rec,))
+
+
+def test_shared_records_round_trip_and_older_files_still_load(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "cp.json", BOOT)
+    store.put_claim(_shared_claim())
+    store.put_claim(_claim())
+    loaded = store.load().claims
+    assert loaded["uid-s"] == _shared_claim() and loaded["uid-s"].devices[0].is_shared
+    assert not loaded["uid-1"].devices[0].is_shared
+    doc = json.loads((tmp_path / "cp.json").read_text())
+    # MIG/whole records keep the layout of earlier versions: files written before shares load.
+    assert all("shares" not in d for d in doc["claims"]["uid-1"]["devices"])
+    assert doc["claims"]["uid-s"]["devices"][0]["shares"][1] == {
+        "shareID": None,
+        "memoryMiB": 1,
+        "cores": 0,
+        "shares": 1,
+    }
+
+
+@pytest.mark.parametrize(
+    "bad", [{}, [{"shareID": 3, "memoryMiB": 1, "cores": 0, "shares": 1}], [{"memoryMiB": True, "cores": 0}]]
+)
+def test_bad_shares_are_corrupt(tmp_path: Path, bad: object) -> None:
+    payload = checkpoint_to_json(Checkpoint(BOOT, {"uid-s": _shared_claim()}))
+    payload["claims"]["uid-s"]["devices"][0]["shares"] = bad
+    del payload["checksum"]
+    payload["checksum"] = hashlib.sha256(
+        json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+    ).hexdigest()
+    (tmp_path / "cp.json").write_text(json.dumps(payload))
+    with pytest.raises(CheckpointCorrupt, match="shares"):
+        CheckpointStore(tmp_path / "cp.json", BOOT).load()

@@ -188,9 +188,11 @@ def test_filterdevices_and_operating_mode() -> None:
     assert {d["attributes"]["index"]["int"] for d in _devices(ns).values()} == {0, 2}
     assert set(_counter_sets(ns)) == {"gpu-0-counter-set", "gpu-2-counter-set"}
     assert [g.reason for g in ns.gpus if g.gpu_index in (1, 3)] == ["excluded by filterdevices"] * 2
-    for mode in (OperatingMode.HAMI_CORE, OperatingMode.MPS):
-        ns = build(cats, node=NodeConfig(NODE, mode))
-        assert ns.slices == () and all(not g.whole for g in ns.gpus)
+    # mps nodes publish nothing; hami-core nodes only shared GPUs (test_kp_hamicore_slices.py).
+    ns = build(cats, node=NodeConfig(NODE, OperatingMode.MPS))
+    assert ns.slices == () and all(not g.whole and not g.shared for g in ns.gpus)
+    ns = build(cats, node=NodeConfig(NODE, OperatingMode.HAMI_CORE))
+    assert set(_devices(ns)) == {f"gpu-{i}-shared" for i in range(4)} and not _counter_sets(ns)
 
 
 def test_allowlist_limits_mig_devices() -> None:
@@ -216,6 +218,9 @@ def test_attributes_and_capacity_of_whole_and_mig() -> None:
         {"int": 4},
     )
     assert attrs["architecture"] == {"string": "hopper"} and attrs["index"] == {"int": 0}
+    # The parent's slice totals, for "at least p% of the GPU" selectors (contract C1).
+    assert (attrs["memorySlices"], attrs["gpuMemorySlices"]) == ({"int": 4}, {"int": 8})
+    assert (attrs["computeSlices"], attrs["gpuComputeSlices"]) == ({"int": 3}, {"int": 7})
     assert set(mig["capacity"]) == {
         "memory",
         "multiprocessors",

@@ -48,6 +48,18 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "flexmig.webhookName" -}}{{ include "flexmig.fullname" . }}-webhook{{- end -}}
 {{- define "flexmig.deviceConfigName" -}}{{ include "flexmig.fullname" . }}-device-config{{- end -}}
 {{- define "flexmig.nodeConfigName" -}}{{ include "flexmig.fullname" . }}-node-config{{- end -}}
+{{/* The self-generated webhook CA and certificate, shared by the controller replicas. */}}
+{{- define "flexmig.webhookCertSecretName" -}}{{ include "flexmig.fullname" . }}-webhook-cert{{- end -}}
+
+{{/* The device ConfigMap's file: HAMi's device config shape ({nvidia: {...}}). */}}
+{{- define "flexmig.deviceConfigData" -}}
+nvidia:
+  defaultMemory: {{ int .Values.deviceConfig.defaultMemory }}
+  defaultCores: {{ int .Values.deviceConfig.defaultCores }}
+  defaultGPUNum: {{ int .Values.deviceConfig.defaultGPUNum }}
+  migProfileAllowlist:
+    {{- toYaml .Values.deviceConfig.migProfileAllowlist | nindent 4 }}
+{{- end -}}
 {{/* The cluster-scoped MutatingWebhookConfiguration; the controller patches its caBundle. */}}
 {{- define "flexmig.webhookConfigName" -}}{{ include "flexmig.fullname" . }}.{{ include "flexmig.driverName" . }}{{- end -}}
 {{- define "flexmig.nodeScopePolicyName" -}}{{ include "flexmig.fullname" . }}-slices-node-scope.{{ include "flexmig.driverName" . }}{{- end -}}

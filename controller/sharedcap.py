@@ -1,0 +1,278 @@
+"""Shareable (HAMi-core) GPUs: their published capacities, what a request asks of them, what a result holds.
+
+A hami-core node publishes one `gpu-<i>-shared` device per GPU with `allowMultipleAllocations` and three
+consumable capacities (contract C1): `memory` (MiB), `cores` (percent of the SMs, 0..100) and `shares`
+(the split count; each share consumes 1). A request asks through `capacity.requests` (any of the three
+names, plain or qualified with the driver domain) or, for a percentage of the GPU's memory, through the
+opaque config `SharedGpuRequest{memoryPercentage}`. A missing request takes the capacity's
+`requestPolicy.default`; a value is adjusted as KEP-5075 prescribes (raised to the range minimum,
+rounded up to the step, or up to the next valid value), and refused, naming the field and the allowed
+values, when no such value exists or the GPU is too small.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from api.constants import DRIVER_NAME
+from controller.quantity import MEBI, QuantityError, format_fraction, parse_quantity
+from driver.policy.shared import ShareAmount
+
+CAPACITY_NAMES = ("memory", "cores", "shares")
+SHARED_CONFIG_API_VERSION = f"{DRIVER_NAME}/v1alpha1"
+SHARED_CONFIG_KIND = "SharedGpuRequest"
+_CONFIG_FIELDS = frozenset({"apiVersion", "kind", "memoryPercentage"})
+
+
+class ShareRequestError(ValueError):
+    """A shared request (capacity or config) is malformed or asks for what no published GPU allows."""
+
+
+class ShareTooLarge(ShareRequestError):
+    """The request is valid but more than this GPU has."""
+
+
+def _fmt(name: str, value: Fraction) -> str:
+    if name == "memory":
+        return f"{format_fraction(value / MEBI)}Mi"
+    return format_fraction(value)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestPolicy:
+    """A capacity's published `requestPolicy` (KEP-5075); all values in base units (bytes for memory)."""
+
+    default: Fraction | None = None
+    valid_values: tuple[Fraction, ...] = ()
+    minimum: Fraction | None = None
+    maximum: Fraction | None = None
+    step: Fraction | None = None
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any] | None) -> RequestPolicy:
+        if not raw:
+            return cls()
+        rng = raw.get("validRange") or {}
+
+        def q(v: Any) -> Fraction | None:
+            return None if v is None else parse_quantity(str(v))
+
+        return cls(
+            default=q(raw.get("default")),
+            valid_values=tuple(sorted(parse_quantity(str(v)) for v in raw.get("validValues") or ())),
+            minimum=q(rng.get("min")),
+            maximum=q(rng.get("max")),
+            step=q(rng.get("step")),
+        )
+
+    def allowed(self, name: str) -> str:
+        if self.valid_values:
+            return "one of " + ", ".join(_fmt(name, v) for v in self.valid_values)
+        lo = _fmt(name, self.minimum) if self.minimum is not None else "0"
+        hi = _fmt(name, self.maximum) if self.maximum is not None else "the GPU's capacity"
+        step = f" in steps of {_fmt(name, self.step)}" if self.step else ""
+        return f"{lo}..{hi}{step}"
+
+    def adjust(self, value: Fraction) -> Fraction | None:
+        """The value KEP-5075 consumes for a request of `value`, or None when the policy forbids it."""
+        if self.valid_values:
+            return next((v for v in self.valid_values if v >= value), None)
+        if self.minimum is not None and value < self.minimum:
+            value = self.minimum
+        if self.step:
+            base = self.minimum or Fraction(0)
+            steps = -((base - value) // self.step)  # ceil
+            value = base + steps * self.step
+        if self.maximum is not None and value > self.maximum:
+            return None
+        return value
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    value: Fraction
+    policy: RequestPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class SharedGpuInfo:
+    """What a `gpu-<i>-shared` device publishes."""
+
+    pool: str
+    device: str
+    uuid: str
+    split_count: int
+    capacity: Mapping[str, Capacity]
+
+    @classmethod
+    def parse(cls, pool: str, raw: Mapping[str, Any]) -> SharedGpuInfo:
+        caps: dict[str, Capacity] = {}
+        for key, body in (raw.get("capacity") or {}).items():
+            name = key.removeprefix(DRIVER_NAME + "/")
+            try:
+                caps[name] = Capacity(
+                    parse_quantity(str(body.get("value", "0"))),
+                    RequestPolicy.parse(body.get("requestPolicy")),
+                )
+            except QuantityError:
+                continue
+        attrs = raw.get("attributes") or {}
+        uuid = (attrs.get("uuid") or {}).get("string", "")
+        split = (attrs.get("splitCount") or {}).get("int")
+        shares = caps.get("shares")
+        if not isinstance(split, int):
+            split = int(shares.value) if shares is not None else 0
+        return cls(pool, str(raw.get("name", "")), str(uuid), split, caps)
+
+    def total(self) -> ShareAmount:
+        """Memory MiB, cores (100 unless published otherwise) and split slots this GPU offers."""
+        mem = self.capacity.get("memory")
+        cores = self.capacity.get("cores")
+        shares = self.capacity.get("shares")
+        return ShareAmount(
+            int(mem.value // MEBI) if mem is not None else 0,
+            int(cores.value) if cores is not None else 100,
+            int(shares.value) if shares is not None else self.split_count,
+        )
+
+    def default_amount(self) -> ShareAmount:
+        """What a result without consumedCapacity holds: each capacity's policy default (C1)."""
+        return self.amount({}) if "memory" in self.capacity else ShareAmount(0, 0, 1)
+
+    def amount(self, requested: Mapping[str, Fraction], where: str = "") -> ShareAmount:
+        """What a share asking `requested` (base units) consumes here; ShareRequestError if nothing fits."""
+        out: dict[str, int] = {}
+        for name in CAPACITY_NAMES:
+            cap = self.capacity.get(name)
+            wanted = requested.get(name)
+            if cap is None:
+                if wanted:
+                    raise ShareRequestError(
+                        f"{where}.capacity.requests.{name}: {self.device} publishes no {name!r} capacity"
+                    )
+                out[name] = 0 if name != "shares" else 1
+                continue
+            got: Fraction
+            if wanted is None:
+                got = cap.policy.default if cap.policy.default is not None else cap.value
+            else:
+                adjusted = cap.policy.adjust(wanted)
+                if adjusted is None:
+                    raise ShareRequestError(
+                        f"{where}.capacity.requests.{name}: {_fmt(name, wanted)} is not allowed by "
+                        f"{self.device}'s requestPolicy; allowed: {cap.policy.allowed(name)}"
+                    )
+                got = adjusted
+            if got > cap.value:
+                raise ShareTooLarge(
+                    f"{where}.capacity.requests.{name}: {_fmt(name, got)} exceeds the "
+                    f"{_fmt(name, cap.value)} of {self.device}"
+                )
+            # Memory is consumed in whole MiB (the published step); cores and shares are integers.
+            out[name] = -(-got // MEBI) if name == "memory" else -(-got // 1)
+        return ShareAmount(out["memory"], out["cores"], out["shares"])
+
+
+@dataclass(frozen=True, slots=True)
+class ShareSpec:
+    """What one alternative asks of a shareable GPU: capacity requests (base units) or a memory percent."""
+
+    requests: Mapping[str, Fraction]
+    memory_percent: int | None = None
+
+    def amount(self, gpu: SharedGpuInfo, where: str) -> ShareAmount:
+        requested = dict(self.requests)
+        if self.memory_percent is not None:
+            mem = gpu.capacity.get("memory")
+            total_mib = int(mem.value // MEBI) if mem is not None else 0
+            # floor(total * p / 100) MiB (contract C3), at least the 1 MiB a share must hold.
+            requested["memory"] = Fraction(max(1, total_mib * self.memory_percent // 100) * MEBI)
+        return gpu.amount(requested, where)
+
+    def memory_hint_mib(self) -> int | None:
+        mem = self.requests.get("memory")
+        return None if mem is None else int(-(-mem // MEBI))
+
+
+def parse_capacity_requests(where: str, body: Mapping[str, Any]) -> dict[str, Fraction] | None:
+    """`capacity.requests` of one request alternative (None when absent), names and values checked."""
+    raw = (body.get("capacity") or {}).get("requests")
+    if not raw:
+        return None
+    if not isinstance(raw, Mapping):
+        raise ShareRequestError(f"{where}.capacity.requests must be a map of capacity name to quantity")
+    out: dict[str, Fraction] = {}
+    for key, value in raw.items():
+        name = str(key).removeprefix(DRIVER_NAME + "/")
+        if name not in CAPACITY_NAMES:
+            raise ShareRequestError(
+                f"{where}.capacity.requests: unknown capacity {key!r}; allowed: {', '.join(CAPACITY_NAMES)}"
+            )
+        try:
+            q = parse_quantity(str(value))
+        except QuantityError as exc:
+            raise ShareRequestError(f"{where}.capacity.requests.{name}: {exc}") from exc
+        if q < 0:
+            raise ShareRequestError(f"{where}.capacity.requests.{name}: {value!r} must not be negative")
+        out[name] = q
+    return out
+
+
+def parse_shared_config(where: str, parameters: Any) -> int | None:
+    """memoryPercentage of a `SharedGpuRequest` opaque config (None for other kinds); strict decoding."""
+    if isinstance(parameters, (str, bytes)):
+        try:
+            parameters = json.loads(parameters)
+        except ValueError as exc:
+            raise ShareRequestError(f"{where}.parameters: not JSON: {exc}") from exc
+    if not isinstance(parameters, Mapping) or parameters.get("kind") != SHARED_CONFIG_KIND:
+        return None
+    if parameters.get("apiVersion") != SHARED_CONFIG_API_VERSION:
+        raise ShareRequestError(
+            f"{where}.parameters.apiVersion: {parameters.get('apiVersion')!r} is not supported for "
+            f"{SHARED_CONFIG_KIND}; allowed: {SHARED_CONFIG_API_VERSION}"
+        )
+    unknown = sorted(set(parameters) - _CONFIG_FIELDS)
+    if unknown:
+        raise ShareRequestError(
+            f"{where}.parameters: unknown field(s) {', '.join(unknown)} in {SHARED_CONFIG_KIND}; "
+            f"allowed: {', '.join(sorted(_CONFIG_FIELDS))}"
+        )
+    pct = parameters.get("memoryPercentage")
+    if isinstance(pct, bool) or not isinstance(pct, int) or not 1 <= pct <= 100:
+        raise ShareRequestError(
+            f"{where}.parameters.memoryPercentage must be an integer in 1..100, got {pct!r}"
+        )
+    return pct
+
+
+def consumed_amount(result: Mapping[str, Any], gpu: SharedGpuInfo | None) -> ShareAmount | None:
+    """What an allocation result holds on a shared GPU: consumedCapacity, defaults for what it omits.
+
+    None when it cannot be read (the result is then counted at the defaults by the caller)."""
+    consumed = result.get("consumedCapacity") or {}
+    requested: dict[str, Fraction] = {}
+    for key, value in consumed.items():
+        name = str(key).removeprefix(DRIVER_NAME + "/")
+        try:
+            requested[name] = parse_quantity(str(value))
+        except QuantityError:
+            return None
+    defaults = gpu.default_amount() if gpu is not None else ShareAmount(0, 0, 1)
+    mem = requested.get("memory")
+    cores = requested.get("cores")
+    shares = requested.get("shares")
+    return ShareAmount(
+        int(-(-mem // MEBI)) if mem is not None else defaults.memory_mib,
+        int(-(-cores // 1)) if cores is not None else defaults.cores,
+        int(-(-shares // 1)) if shares is not None else defaults.shares,
+    )
+
+
+def consumed_capacity(amount: ShareAmount) -> dict[str, str]:
+    """The result's consumedCapacity (contract C2)."""
+    return {"memory": f"{amount.memory_mib}Mi", "cores": str(amount.cores), "shares": str(amount.shares)}

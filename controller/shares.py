@@ -1,0 +1,132 @@
+"""Which kind of device serves a request alternative, what its shares consume, and the mixed-pool rule.
+
+An alternative is served by MIG devices when its selectors admit published MIG devices and it asks for
+no capacity; by shares of HAMi-core GPUs when it asks for capacity, or when its selectors admit only
+`gpu-<i>-shared` devices. (A selector admitting both kinds, without capacity requests, is a MIG request:
+the shared devices of hami-core nodes are chosen on purpose, through their class or capacity.)
+
+Mixed pools (contract C3 mode `any`: a `firstAvailable` request with a MIG alternative and a HAMi-core
+alternative): instead of the first alternative that fits, the controller takes the one that strands
+the least GPU memory, summed over the request's devices:
+- a MIG device strands its profile's memory beyond what the request needs, where "needs" is what the
+  request's HAMi-core alternative states (its `capacity.requests.memory`, or its memoryPercentage of
+  the MIG device's parent GPU; without either, the whole GPU, so nothing is stranded);
+- a share holds exactly what it asks, so it strands nothing, unless it takes the GPU's last split slot:
+  then the memory still free on that GPU can no longer be given to anyone and counts as stranded.
+Ties go to MIG (hardware isolation of memory, SMs and faults), then to the order of the alternatives.
+Other `firstAvailable` requests keep KEP semantics: the first alternative that can be allocated wins.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from api.constants import DRIVER_NAME
+from controller.inventory import Inventory, PublishedDevice
+from controller.requests import Alternative, CandidateIndex, Candidates, ClaimRequest, RequestError
+from controller.sharedcap import ShareRequestError, ShareSpec, ShareTooLarge, consumed_capacity
+from driver.policy.model import Choice, GpuRef
+from driver.policy.shared import ShareAmount
+
+
+class AltKind(StrEnum):
+    MIG = "mig"
+    SHARED = "shared"
+    NONE = "none"  # no published device matches
+
+
+@dataclass(frozen=True, slots=True)
+class Classified:
+    kind: AltKind
+    mig: Candidates
+    shared: Mapping[GpuRef, PublishedDevice]
+
+
+def classify(index: CandidateIndex, alt: Alternative, where: str) -> Classified:
+    """The kind of device that serves `alt` (RequestError for capacity asked of MIG devices only)."""
+    mig = index.candidates(alt.selectors)
+    shared = index.shared_candidates(alt.selectors)
+    if alt.capacity_requested:
+        if shared:
+            return Classified(AltKind.SHARED, mig, shared)
+        if mig.per_gpu:
+            raise RequestError(
+                f"{where}.capacity: only MIG devices match and MIG devices are not shareable; remove "
+                "capacity.requests or select shared devices (class hami-core.gpu.flexmig.dev)"
+            )
+        return Classified(AltKind.NONE, mig, shared)
+    if mig.per_gpu:
+        return Classified(AltKind.MIG, mig, shared)
+    if shared:
+        return Classified(AltKind.SHARED, mig, shared)
+    return Classified(AltKind.NONE, mig, shared)
+
+
+class ShareAmounts:
+    """Per shared GPU, what one share of an alternative consumes there (cached per inventory)."""
+
+    def __init__(self, inventory: Inventory, cache: dict[tuple[Any, ...], Any]) -> None:
+        self.inventory = inventory
+        self._cache = cache  # owned by the CandidateIndex, so it lives as long as the inventory
+
+    def amounts(
+        self, alt: Alternative, shared: Mapping[GpuRef, PublishedDevice], where: str
+    ) -> tuple[dict[GpuRef, ShareAmount], str, bool]:
+        """(GPU -> amount, first refusal message, whether every refusal was 'too large')."""
+        spec = alt.share or ShareSpec({})
+        key = (alt.selectors, tuple(sorted(spec.requests.items())), spec.memory_percent)
+        hit: tuple[dict[GpuRef, ShareAmount], str, bool] | None = self._cache.get(key)
+        if hit is not None:
+            return hit
+        out: dict[GpuRef, ShareAmount] = {}
+        first = ""
+        only_size = True
+        for ref in shared:
+            info = self.inventory.shared.get(ref)
+            if info is None:
+                continue
+            try:
+                out[ref] = spec.amount(info, where)
+            except ShareRequestError as exc:
+                first = first or str(exc)
+                only_size &= isinstance(exc, ShareTooLarge)
+        result = (out, first, only_size)
+        self._cache[key] = result
+        return result
+
+
+def share_result(request: str, dev: PublishedDevice, amount: ShareAmount) -> dict[str, Any]:
+    """One allocation result on a shared device (contract C2)."""
+    return {
+        "request": request,
+        "driver": DRIVER_NAME,
+        "pool": dev.pool,
+        "device": dev.name,
+        "shareID": str(uuid.uuid4()),
+        "consumedCapacity": consumed_capacity(amount),
+    }
+
+
+def is_mixed(kinds: list[AltKind]) -> bool:
+    return AltKind.MIG in kinds and AltKind.SHARED in kinds
+
+
+def mig_stranded(inventory: Inventory, request: ClaimRequest, choice: Choice) -> int:
+    """MiB a MIG device holds beyond what the request's shared alternative asks (see module rule)."""
+    gpu = inventory.gpus.get(choice.gpu)
+    total = gpu.catalog.gpu.memory_total_mib if gpu is not None else choice.profile.memory_mib
+    needed = total
+    for alt in request.alternatives:
+        if alt.share is None:
+            continue
+        hint = alt.share.memory_hint_mib()
+        if hint is not None:
+            needed = hint
+        elif alt.share.memory_percent is not None:
+            needed = total * alt.share.memory_percent // 100
+        break
+    return max(0, choice.profile.memory_mib - needed)

@@ -1,0 +1,187 @@
+"""The pod rewrite: legacy `nvidia.com/*` containers onto ResourceClaims, and the allocation gate.
+
+Pure: the webhook hands in the pod of an admission request (CREATE only), the namespace, the
+device-config defaults and a lookup that tells whether an existing pod claim uses a flexmig
+DeviceClass; it gets back an RFC 6902 patch, the templates that must exist first, and a log line.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from api.constants import ALLOCATION_GATE, DNS_LABEL_MAX
+from controller.shim.defaults import ShimDefaults
+from controller.shim.legacy import (
+    LEGACY_RESOURCES,
+    AdmissionDenied,
+    Shape,
+    container_shape,
+    has_legacy_resources,
+    vgpu_mode,
+)
+from controller.shim.templates import TemplateSpec, describe, template_for
+
+# Init containers first: the order HAMi counts containers in, and the order they run.
+_CONTAINER_FIELDS = (("initContainers", "init container"), ("containers", "container"))
+_NOT_LABEL = re.compile(r"[^a-z0-9-]+")
+_CLAIM_SUFFIX = "-gpu"
+
+
+@dataclass(frozen=True)
+class MutationResult:
+    patch: list[dict[str, Any]]
+    """RFC 6902 JSON patch ops against the pod ([] = unchanged)."""
+    templates: tuple[TemplateSpec, ...]
+    """Templates that must exist before the pod is admitted (the webhook creates them idempotently)."""
+    gated: bool
+    """Whether the gate gpu.flexmig.dev/allocation is added."""
+    reason: str
+    """Short log text: what was done and why."""
+
+
+@dataclass(frozen=True)
+class _Rewrite:
+    field: str
+    index: int
+    container: Mapping[str, Any]
+    shape: Shape
+
+
+def _claim_name(container_name: str, taken: set[str]) -> str:
+    """`<container>-gpu` as a DNS label, not colliding with the pod's other claim names."""
+    stem = _NOT_LABEL.sub("-", str(container_name).lower()).strip("-") or "container"
+    for k in range(1, len(taken) + 2):
+        suffix = _CLAIM_SUFFIX if k == 1 else f"{_CLAIM_SUFFIX}-{k}"
+        name = stem[: DNS_LABEL_MAX - len(suffix)].rstrip("-") + suffix
+        if name not in taken:
+            return name
+    raise AssertionError("unreachable: len(taken) + 1 candidates cannot all be taken")
+
+
+def _rewritten_resources(resources: Mapping[str, Any] | None, claim: str) -> dict[str, Any]:
+    """The container's resources without the legacy keys (an emptied limits/requests map is dropped:
+    an empty map and no map mean the same to Kubernetes) and with the claim added."""
+    out: dict[str, Any] = dict(resources or {})
+    for part in ("limits", "requests"):
+        if part not in out:
+            continue
+        kept = {k: v for k, v in (out[part] or {}).items() if k not in LEGACY_RESOURCES}
+        if kept:
+            out[part] = kept
+        else:
+            del out[part]
+    out["claims"] = [*(out.get("claims") or []), {"name": claim}]
+    return out
+
+
+def _append(path: str, current: Sequence[Any] | None, items: Sequence[Any]) -> list[dict[str, Any]]:
+    """Ops appending items to a list that may be absent (or null): create it whole, else add at '-'."""
+    if not items:
+        return []
+    if current is None:
+        return [{"op": "add", "path": path, "value": list(items)}]
+    return [{"op": "add", "path": f"{path}/-", "value": item} for item in items]
+
+
+def _rewrites(
+    spec: Mapping[str, Any], annotations: Mapping[str, Any] | None, defaults: ShimDefaults
+) -> list[_Rewrite]:
+    found = [
+        (field, kind, i, c)
+        for field, kind in _CONTAINER_FIELDS
+        for i, c in enumerate(spec.get(field) or [])
+        if has_legacy_resources(c)
+    ]
+    if not found:
+        return []
+    mode = vgpu_mode(annotations)  # only a pod with legacy resources is held to the annotation
+    errors: list[str] = []
+    out: list[_Rewrite] = []
+    for field, kind, i, container in found:
+        try:
+            shape = container_shape(container, mode, defaults, kind)
+        except AdmissionDenied as exc:
+            errors.append(exc.message)  # every container's problems in one answer
+            continue
+        if shape is not None:
+            out.append(_Rewrite(field, i, container, shape))
+    if errors:
+        raise AdmissionDenied("; ".join(errors))
+    return out
+
+
+def mutate_pod(
+    pod: Mapping[str, Any],
+    namespace: str,
+    defaults: ShimDefaults,
+    claim_uses_flexmig: Callable[[Mapping[str, Any]], bool | None],
+) -> MutationResult:
+    """Rewrite a pod being created; raises AdmissionDenied for input the shim cannot serve."""
+    spec: Mapping[str, Any] = pod.get("spec") or {}
+    metadata: Mapping[str, Any] = pod.get("metadata") or {}
+    gates = spec.get("schedulingGates")
+    if any(isinstance(g, Mapping) and g.get("name") == ALLOCATION_GATE for g in gates or []):
+        # The webhook sees only CREATE, so the gate can only come from the pod's author; a pod gated
+        # by hand that the controller does not allocate would wait forever.
+        raise AdmissionDenied(
+            f"spec.schedulingGates: {ALLOCATION_GATE} is set by hand (allowed: leave it out; flexmig "
+            "adds it to pods that ask for GPUs and removes it once their devices are allocated)"
+        )
+    rewrites = _rewrites(spec, metadata.get("annotations"), defaults)
+    existing = [c for c in spec.get("resourceClaims") or [] if isinstance(c, Mapping)]
+    ours = [str(c.get("name")) for c in existing if claim_uses_flexmig(c) is True]
+    if not rewrites and not ours:
+        return MutationResult([], (), False, "no GPU request and no flexmig claim: unchanged")
+    if spec.get("nodeName"):
+        if rewrites:
+            names = ", ".join(str(r.container.get("name")) for r in rewrites)
+            raise AdmissionDenied(
+                f"spec.nodeName is set and container(s) {names} ask for nvidia.com/gpu: flexmig must choose "
+                "the node and the devices together (allowed: leave spec.nodeName out; use a nodeSelector)"
+            )
+        # A gate cannot be combined with nodeName; such a pod can only use already-allocated claims.
+        return MutationResult(
+            [], (), False, f"flexmig claim(s) {', '.join(ours)} but nodeName set: not gated"
+        )
+
+    patch: list[dict[str, Any]] = []
+    templates: dict[str, TemplateSpec] = {}
+    taken = {str(c.get("name")) for c in existing}
+    new_claims: list[dict[str, Any]] = []
+    done: list[str] = []
+    for r in rewrites:
+        built = template_for(namespace, r.shape)
+        template = templates.setdefault(built.name, built)
+        claim = _claim_name(str(r.container.get("name", "")), taken)
+        taken.add(claim)
+        new_claims.append({"name": claim, "resourceClaimTemplateName": template.name})
+        patch.append(
+            {
+                "op": "add",  # "add" on an existing member replaces it (RFC 6902 4.1)
+                "path": f"/spec/{r.field}/{r.index}/resources",
+                "value": _rewritten_resources(r.container.get("resources"), claim),
+            }
+        )
+        done.append(f"{r.container.get('name')} -> claim {claim} ({template.name}: {describe(r.shape)})")
+    patch += _append("/spec/resourceClaims", spec.get("resourceClaims"), new_claims)
+    patch += _append("/spec/schedulingGates", gates, [{"name": ALLOCATION_GATE}])
+    parts = []
+    if done:
+        parts.append("rewrote " + "; ".join(done))
+    if ours:
+        parts.append(f"flexmig claim(s) {', '.join(ours)}")
+    return MutationResult(patch, tuple(templates.values()), True, ", ".join(parts) + "; gated")
+
+
+def template_names_used_by(pod: Mapping[str, Any]) -> set[str]:
+    """Every ResourceClaimTemplate the pod's claims are made from (shim templates among them), so
+    the garbage collector keeps templates a live pod still names."""
+    claims = (pod.get("spec") or {}).get("resourceClaims") or []
+    return {
+        c["resourceClaimTemplateName"]
+        for c in claims
+        if isinstance(c, Mapping) and isinstance(c.get("resourceClaimTemplateName"), str)
+    }

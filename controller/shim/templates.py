@@ -1,0 +1,171 @@
+"""The ResourceClaimTemplates the shim references: one per (namespace, shape), with a readable,
+deterministic name, so that admitting the same legacy request twice names the same template.
+
+Body shapes are the lead's contract C3: request `gpus`; mode mig selects MIG devices by a CEL
+selector on memory (MiB, or percent of the parent GPU through the `gpuMemorySlices` attribute) and
+compute; mode hami-core asks for consumable capacity on a shared GPU; mode any offers both as
+`firstAvailable` alternatives and the controller picks what packs better.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from api.constants import DRIVER_NAME
+from controller.shim.legacy import Mode, Shape
+
+API_VERSION = "resource.k8s.io/v1"
+REQUEST_NAME = "gpus"
+MIG_DEVICE_CLASS = f"mig.{DRIVER_NAME}"
+HAMI_CORE_DEVICE_CLASS = f"hami-core.{DRIVER_NAME}"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "flexmig"
+LABEL_SHIM_TEMPLATE = f"{DRIVER_NAME}/shim-template"
+SHIM_TEMPLATE_VERSION = "v1"
+ANNOTATION_SHAPE = f"{DRIVER_NAME}/shape"
+OPAQUE_API_VERSION = f"{DRIVER_NAME}/v1alpha1"
+OPAQUE_KIND = "SharedGpuRequest"
+UUID_ATTRIBUTE = f"{DRIVER_NAME}/uuid"
+
+
+@dataclass(frozen=True)
+class TemplateSpec:
+    """A ResourceClaimTemplate that must exist before the pod is admitted (the webhook creates it
+    idempotently: same namespace and name means same body)."""
+
+    namespace: str
+    name: str
+    body: dict[str, Any]
+
+
+def template_name(shape: Shape) -> str:
+    """e.g. `flexmig-any-2x8000mi-c0`, `flexmig-mig-1x50pct-c30`: a DNS subdomain (and label) that
+    says the shape. At most 38 characters ("flexmig-hami-core-32x1073741824mi-c100"), never truncated."""
+    memory = f"{shape.memory_mib}mi" if shape.memory_mib is not None else f"{shape.memory_percent}pct"
+    return f"flexmig-{shape.mode.value}-{shape.count}x{memory}-c{shape.cores}"
+
+
+def describe(shape: Shape) -> str:
+    """The shape in words, for the template's annotation and the webhook's log."""
+    memory = (
+        f">= {shape.memory_mib} MiB"
+        if shape.memory_mib is not None
+        else f">= {shape.memory_percent}% of its GPU's memory"
+    )
+    devices = "1 GPU device" if shape.count == 1 else f"{shape.count} GPU devices"
+    where = {
+        Mode.MIG: "MIG instances only",
+        Mode.HAMI_CORE: "shared GPUs on hami-core nodes only",
+        Mode.ANY: "MIG instance or shared GPU",
+    }[shape.mode]
+    compute = f" and >= {shape.cores}% of its GPU's compute" if shape.cores else ""
+    return f"{devices}, each {memory}{compute} ({where})"
+
+
+def _attr(name: str) -> str:
+    return f'device.attributes["{DRIVER_NAME}"].{name}'
+
+
+def mig_selector(shape: Shape) -> str:
+    """The CEL selector that admits MIG devices big enough for the shape.
+
+    Percent is compared in slices, exactly, with integers only: a device with k of the GPU's n memory
+    slices holds at least p% when k*100 >= p*n (HAMi resolves percent against the parent's memory;
+    slices are what the hardware divides, so "50%" of an A100 is a 4-slice instance, 3g.20gb).
+    """
+    if shape.memory_mib is not None:
+        expr = f'device.capacity["{DRIVER_NAME}"].memory.compareTo(quantity("{shape.memory_mib}Mi")) >= 0'
+    else:
+        expr = f"{_attr('memorySlices')} * 100 >= {shape.memory_percent} * {_attr('gpuMemorySlices')}"
+    if shape.cores > 0:
+        expr += f" && {_attr('computeSlices')} * 100 >= {shape.cores} * {_attr('gpuComputeSlices')}"
+    return expr
+
+
+def _mig_fields(shape: Shape) -> dict[str, Any]:
+    return {
+        "deviceClassName": MIG_DEVICE_CLASS,
+        "allocationMode": "ExactCount",
+        "count": shape.count,
+        "selectors": [{"cel": {"expression": mig_selector(shape)}}],
+    }
+
+
+def _hami_fields(shape: Shape) -> dict[str, Any]:
+    requests: dict[str, str] = {}
+    if shape.memory_mib is not None:
+        # A percent leaves memory out: the request policy's default is the whole GPU, and the
+        # controller reads the percentage from the opaque config instead.
+        requests["memory"] = f"{shape.memory_mib}Mi"
+    requests["cores"] = str(shape.cores)
+    return {
+        "deviceClassName": HAMI_CORE_DEVICE_CLASS,
+        "allocationMode": "ExactCount",
+        "count": shape.count,
+        "capacity": {"requests": requests},
+    }
+
+
+def claim_spec(shape: Shape) -> dict[str, Any]:
+    """The ResourceClaimSpec (`spec.spec` of the template) for a shape."""
+    request: dict[str, Any] = {"name": REQUEST_NAME}
+    hami_ref = REQUEST_NAME
+    if shape.mode is Mode.MIG:
+        request["exactly"] = _mig_fields(shape)
+    elif shape.mode is Mode.HAMI_CORE:
+        request["exactly"] = _hami_fields(shape)
+    else:
+        request["firstAvailable"] = [
+            {"name": "mig", **_mig_fields(shape)},
+            {"name": "hami-core", **_hami_fields(shape)},
+        ]
+        hami_ref = f"{REQUEST_NAME}/hami-core"
+    devices: dict[str, Any] = {"requests": [request]}
+    if shape.mode is not Mode.MIG:
+        if shape.count > 1:
+            # Two shares of one GPU are not two GPUs; MIG devices are distinct by their counters.
+            devices["constraints"] = [{"requests": [hami_ref], "distinctAttribute": UUID_ATTRIBUTE}]
+        if shape.memory_percent is not None:
+            devices["config"] = [
+                {
+                    "requests": [hami_ref],
+                    "opaque": {
+                        "driver": DRIVER_NAME,
+                        "parameters": {
+                            "apiVersion": OPAQUE_API_VERSION,
+                            "kind": OPAQUE_KIND,
+                            "memoryPercentage": shape.memory_percent,
+                        },
+                    },
+                }
+            ]
+    return {"devices": devices}
+
+
+def template_for(namespace: str, shape: Shape) -> TemplateSpec:
+    name = template_name(shape)
+    body = {
+        "apiVersion": API_VERSION,
+        "kind": "ResourceClaimTemplate",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {LABEL_MANAGED_BY: MANAGED_BY, LABEL_SHIM_TEMPLATE: SHIM_TEMPLATE_VERSION},
+            "annotations": {ANNOTATION_SHAPE: describe(shape)},
+        },
+        # `metadata: {}` is what the API server stores for an absent one; writing it makes the stored
+        # spec equal to this one, so the webhook can tell a template of another version by comparing.
+        "spec": {"metadata": {}, "spec": claim_spec(shape)},
+    }
+    return TemplateSpec(namespace=namespace, name=name, body=body)
+
+
+def is_shim_template(obj: Mapping[str, Any]) -> bool:
+    """Whether a ResourceClaimTemplate was written by the shim (by its labels; contract C3)."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return (
+        labels.get(LABEL_MANAGED_BY) == MANAGED_BY
+        and labels.get(LABEL_SHIM_TEMPLATE) == SHIM_TEMPLATE_VERSION
+    )

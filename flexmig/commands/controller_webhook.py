@@ -1,0 +1,146 @@
+"""`flexmig controller`'s webhook flags. Each has an environment variable (the chart's names); a flag
+given on the command line wins over its variable, the variable over the built-in default."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from controller.shim import ShimConfigError, ShimDefaults, parse_shim_defaults
+
+if TYPE_CHECKING:  # the webhook imports kubernetes; `flexmig --help` must not pay for it
+    from controller.webhook import WebhookSettings
+
+TEMPLATE_GRACE_S = 600.0
+"""Default of --webhook-template-grace (controller.webhook.templates.DEFAULT_GRACE_S)."""
+
+ENV = {
+    "webhook_port": "FLEXMIG_WEBHOOK_PORT",
+    "webhook_address": "FLEXMIG_WEBHOOK_ADDRESS",
+    "webhook_path": "FLEXMIG_WEBHOOK_PATH",
+    "webhook_configuration": "FLEXMIG_WEBHOOK_CONFIGURATION",
+    "webhook_service": "FLEXMIG_WEBHOOK_SERVICE",
+    "webhook_hosts": "FLEXMIG_WEBHOOK_HOSTS",
+    "webhook_tls_dir": "FLEXMIG_WEBHOOK_TLS_DIR",
+    "webhook_cert_secret": "FLEXMIG_WEBHOOK_CERT_SECRET",
+    "device_config": "FLEXMIG_DEVICE_CONFIG",
+}
+
+
+def _env(dest: str, default: str) -> str:
+    return os.environ.get(ENV[dest], default)
+
+
+def add_webhook_flags(p: Any) -> None:
+    g = p.add_argument_group("webhook (HAMi compatibility shim and allocation gate)")
+    g.add_argument(
+        "--webhook-port",
+        type=int,
+        default=_env("webhook_port", "0"),
+        help="HTTPS port of the pod webhook; 0 (default) does not serve it [$FLEXMIG_WEBHOOK_PORT]",
+    )
+    g.add_argument(
+        "--webhook-address", default=_env("webhook_address", "0.0.0.0"), help="[$FLEXMIG_WEBHOOK_ADDRESS]"
+    )
+    g.add_argument(
+        "--webhook-path", default=_env("webhook_path", "/mutate-pods"), help="[$FLEXMIG_WEBHOOK_PATH]"
+    )
+    g.add_argument(
+        "--webhook-configuration",
+        default=_env("webhook_configuration", ""),
+        help="MutatingWebhookConfiguration to patch the self-generated CA into; empty: none "
+        "[$FLEXMIG_WEBHOOK_CONFIGURATION]",
+    )
+    g.add_argument(
+        "--webhook-service",
+        default=_env("webhook_service", ""),
+        help="DNS name the API server calls, e.g. flexmig-webhook.flexmig-system.svc (a SAN of the "
+        "self-generated certificate) [$FLEXMIG_WEBHOOK_SERVICE]",
+    )
+    g.add_argument(
+        "--webhook-hosts",
+        default=_env("webhook_hosts", ""),
+        help="extra SANs, comma-separated DNS names or IPs, e.g. 127.0.0.1 [$FLEXMIG_WEBHOOK_HOSTS]",
+    )
+    g.add_argument(
+        "--webhook-tls-dir",
+        default=_env("webhook_tls_dir", ""),
+        help="directory with a provided tls.crt/tls.key (reloaded on change); empty: self-generate "
+        "[$FLEXMIG_WEBHOOK_TLS_DIR]",
+    )
+    g.add_argument(
+        "--webhook-cert-secret",
+        default=_env("webhook_cert_secret", "flexmig-webhook-cert"),
+        help="Secret (in --lease-namespace) holding the self-generated CA and certificate, shared by "
+        "replicas [$FLEXMIG_WEBHOOK_CERT_SECRET]",
+    )
+    g.add_argument(
+        "--webhook-template-grace",
+        type=float,
+        default=TEMPLATE_GRACE_S,
+        help="seconds a shim ResourceClaimTemplate must be unused before it is deleted",
+    )
+    g.add_argument(
+        "--device-config",
+        default=_env("device_config", ""),
+        help="HAMi device config YAML ({nvidia: {defaultMemory, defaultCores, defaultGPUNum, ...}}) "
+        "with the shim's defaults; empty: HAMi's defaults [$FLEXMIG_DEVICE_CONFIG]",
+    )
+
+
+def validate_webhook_flags(args: argparse.Namespace) -> str | None:
+    if not 0 <= args.webhook_port <= 65535:
+        return f"--webhook-port: {args.webhook_port} is not a port (0..65535, 0 disables)"
+    if not args.webhook_path.startswith("/"):
+        return f"--webhook-path: {args.webhook_path!r} must start with '/'"
+    if args.webhook_template_grace < 120:
+        return f"--webhook-template-grace: {args.webhook_template_grace} is below 120 seconds"
+    if args.webhook_port and not args.webhook_tls_dir and not hosts(args):
+        return (
+            "--webhook-service or --webhook-hosts: a self-generated certificate needs at least one "
+            "host name or IP address (or give --webhook-tls-dir)"
+        )
+    if args.webhook_tls_dir and not Path(args.webhook_tls_dir).is_dir():
+        return f"--webhook-tls-dir: {args.webhook_tls_dir} is not a directory"
+    return None
+
+
+def hosts(args: argparse.Namespace) -> tuple[str, ...]:
+    given = [args.webhook_service, *args.webhook_hosts.split(",")]
+    return tuple(dict.fromkeys(h.strip() for h in given if h.strip()))
+
+
+def load_defaults(path: str) -> ShimDefaults:
+    """The shim's defaults from a device config file; ValueError names the file and the key."""
+    if not path:
+        return ShimDefaults()
+    try:
+        doc = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"--device-config: cannot read {path}: {exc}") from exc
+    try:
+        return parse_shim_defaults(doc)
+    except ShimConfigError as exc:
+        raise ValueError(f"--device-config {path}: {exc}") from exc
+
+
+def webhook_settings(args: argparse.Namespace) -> WebhookSettings | None:
+    if not args.webhook_port:
+        return None
+    from controller.webhook import WebhookSettings
+
+    return WebhookSettings(
+        port=args.webhook_port,
+        address=args.webhook_address,
+        path=args.webhook_path,
+        configuration=args.webhook_configuration,
+        hosts=hosts(args),
+        tls_dir=Path(args.webhook_tls_dir) if args.webhook_tls_dir else None,
+        cert_namespace=args.lease_namespace,
+        cert_secret=args.webhook_cert_secret,
+        template_grace_s=args.webhook_template_grace,
+    )

@@ -1,0 +1,79 @@
+"""The one device a hami-core node publishes per GPU: `gpu-<i>-shared` (contract C1). Pure: no I/O.
+
+The GPU is shared by HAMi-core (memory and SM limits enforced inside each container), so the device
+allows multiple allocations and offers three consumable capacities:
+
+- `memory` (MiB): a share asks for what it may allocate; by default the whole GPU's memory;
+- `cores` (percent of the SMs, 0..100): 0, the default, asks for no compute reservation (HAMi's
+  `gpucores` absent), so no SM limit is set in the container;
+- `shares`: the node's device split count; every allocation consumes exactly one, which caps how many
+  containers share the GPU as HAMi's `deviceSplitCount` does.
+
+No counters: nothing else is published for a GPU of a hami-core node (no MIG device, no whole GPU), so
+there is nothing to keep mutually exclusive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from api.constants import shared_gpu_device_name
+from driver.catalog.types import GpuCatalog
+from kubeletplugin.slicelimits import MAX_ATTRIBUTE_STRING_LENGTH
+
+SHARED_DEVICE_TYPE = "hami-core"
+"""The `type` attribute; DeviceClass `hami-core.gpu.flexmig.dev` selects on it."""
+
+MAX_CORES = 100
+
+
+def shared_gpu_device(
+    catalog: GpuCatalog, split_count: int, common_attributes: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The ResourceSlice device (camelCase dict) for one GPU shared through HAMi-core."""
+    if isinstance(split_count, bool) or not isinstance(split_count, int) or split_count < 1:
+        raise ValueError(f"split_count must be an integer >= 1, got {split_count!r}")
+    gpu = catalog.gpu
+    total = f"{gpu.memory_total_mib}Mi"
+    return {
+        "name": shared_gpu_device_name(gpu.index),
+        "allowMultipleAllocations": True,
+        "attributes": {
+            "type": {"string": SHARED_DEVICE_TYPE},
+            "uuid": {"string": gpu.uuid[:MAX_ATTRIBUTE_STRING_LENGTH]},
+            **common_attributes,
+            "splitCount": {"int": split_count},
+        },
+        "capacity": {
+            "memory": {
+                "value": total,
+                "requestPolicy": {"default": total, "validRange": {"min": "1Mi", "step": "1Mi"}},
+            },
+            "cores": {
+                "value": str(MAX_CORES),
+                "requestPolicy": {
+                    "default": "0",
+                    "validRange": {"min": "0", "max": str(MAX_CORES), "step": "1"},
+                },
+            },
+            "shares": {
+                "value": str(split_count),
+                "requestPolicy": {"default": "1", "validValues": ["1"]},
+            },
+        },
+    }
+
+
+def shared_decision(catalog: GpuCatalog, mig_enabled: bool, filtered: bool) -> tuple[bool, str]:
+    """(publish `gpu-<i>-shared`, reason) for one GPU of a hami-core node."""
+    if filtered:
+        return False, "excluded by filterdevices"
+    if mig_enabled:
+        # HAMi-core needs the whole GPU; flexmig never switches MIG mode on a hami-core node (an
+        # administrator may have set it for another purpose), so the GPU is left out, visibly.
+        return False, (
+            "MIG mode is on: a HAMi-core share needs MIG off, and flexmig does not change MIG mode on"
+            " hami-core nodes (disable MIG and restart the plugin to share this GPU)"
+        )
+    return True, "shared through HAMi-core"

@@ -1,0 +1,147 @@
+"""Hami-core nodes as the controller sees them: `gpu-<i>-shared` devices written by hand to contract C1,
+claims of contract C3 shapes, and a mixed MIG + hami-core cluster."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ctl_helpers import node_slices
+
+from api.constants import DRIVER_NAME
+from controller.cel import CelEnvironment
+from controller.decide import Decider, Decision
+from controller.inventory import Inventory
+from controller.ledger import Ledger
+from controller.requests import CandidateIndex
+from driver.policy.allocator import PackingPolicy
+
+MIG = "mig.gpu.flexmig.dev"
+HAMI = "hami-core.gpu.flexmig.dev"
+
+
+def _class(name: str, kind: str) -> dict[str, Any]:
+    expr = f'device.driver == "{DRIVER_NAME}" && device.attributes["{DRIVER_NAME}"].type == "{kind}"'
+    return {"metadata": {"name": name}, "spec": {"selectors": [{"cel": {"expression": expr}}]}}
+
+
+CLASSES: dict[str, Any] = {MIG: _class(MIG, "mig"), HAMI: _class(HAMI, "hami-core")}
+
+
+def shared_device(index: int, memory_mib: int, split: int = 10, node: str = "n") -> dict[str, Any]:
+    total = f"{memory_mib}Mi"
+    return {
+        "name": f"gpu-{index}-shared",
+        "allowMultipleAllocations": True,
+        "attributes": {
+            "type": {"string": "hami-core"},
+            "uuid": {"string": f"GPU-{node}-{index}"},
+            "productName": {"string": "NVIDIA A100-SXM4-40GB"},
+            "model": {"string": "A100-40GB"},
+            "architecture": {"string": "ampere"},
+            "index": {"int": index},
+            "splitCount": {"int": split},
+        },
+        "capacity": {
+            "memory": {
+                "value": total,
+                "requestPolicy": {"default": total, "validRange": {"min": "1Mi", "step": "1Mi"}},
+            },
+            "cores": {
+                "value": "100",
+                "requestPolicy": {"default": "0", "validRange": {"min": "0", "max": "100", "step": "1"}},
+            },
+            "shares": {"value": str(split), "requestPolicy": {"default": "1", "validValues": ["1"]}},
+        },
+    }
+
+
+def shared_slice(node: str, memories: list[int], split: int = 10) -> dict[str, Any]:
+    return {
+        "metadata": {"name": f"{node}-{DRIVER_NAME}-shared"},
+        "spec": {
+            "driver": DRIVER_NAME,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [shared_device(i, m, split, node) for i, m in enumerate(memories)],
+        },
+    }
+
+
+def decider(
+    hami: dict[str, list[int]], mig: dict[str, tuple[str, int]] | None = None, split: int = 10
+) -> Decider:
+    slices = [shared_slice(node, mems, split) for node, mems in hami.items()]
+    slices += [s for node, (model, n) in (mig or {}).items() for s in node_slices(node, model, n)]
+    inventory = Inventory(slices)
+    return Decider(Ledger(inventory), CandidateIndex(inventory, CelEnvironment()), PackingPolicy())
+
+
+def hami_body(
+    memory: int | None = None, cores: int | None = None, count: int = 1, extra: dict[str, str] | None = None
+) -> dict[str, Any]:
+    requests: dict[str, str] = {}
+    if memory is not None:
+        requests["memory"] = f"{memory}Mi"
+    if cores is not None:
+        requests["cores"] = str(cores)
+    requests |= extra or {}
+    body: dict[str, Any] = {"deviceClassName": HAMI, "count": count}
+    if requests:
+        body["capacity"] = {"requests": requests}
+    return body
+
+
+def mig_body(memory: int, count: int = 1) -> dict[str, Any]:
+    expr = f'device.capacity["{DRIVER_NAME}"].memory.compareTo(quantity("{memory}Mi")) >= 0'
+    return {"deviceClassName": MIG, "count": count, "selectors": [{"cel": {"expression": expr}}]}
+
+
+def percent_config(percent: Any, request: str = "gpus", **extra: Any) -> dict[str, Any]:
+    params = {
+        "apiVersion": "gpu.flexmig.dev/v1alpha1",
+        "kind": "SharedGpuRequest",
+        "memoryPercentage": percent,
+    }
+    return {"requests": [request], "opaque": {"driver": DRIVER_NAME, "parameters": params | extra}}
+
+
+def claim(
+    name: str,
+    exactly: dict[str, Any] | None = None,
+    first_available: list[dict[str, Any]] | None = None,
+    constraints: list[dict[str, Any]] | None = None,
+    config: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    request: dict[str, Any] = {"name": "gpus"}
+    if first_available is not None:
+        request["firstAvailable"] = first_available
+    else:
+        request["exactly"] = exactly
+    return {
+        "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"},
+        "spec": {
+            "devices": {"requests": [request], "constraints": constraints or [], "config": config or []}
+        },
+    }
+
+
+def any_claim(name: str, mig_memory: int, hami: dict[str, Any], distinct: bool = False) -> dict[str, Any]:
+    """Contract C3 mode any: firstAvailable [mig, hami-core]."""
+    subs = [{"name": "mig", **mig_body(mig_memory, hami.get("count", 1))}, {"name": "hami-core", **hami}]
+    constraints = (
+        [{"requests": ["gpus/hami-core"], "distinctAttribute": f"{DRIVER_NAME}/uuid"}] if distinct else []
+    )
+    return claim(name, first_available=subs, constraints=constraints)
+
+
+def commit(d: Decider, decision: Decision) -> None:
+    assert decision.ok, decision.message
+    for alloc in decision.allocations:
+        d.ledger.assume(alloc.uid, alloc.keys)
+
+
+def used(d: Decider, node: str, index: int) -> tuple[int, int, int]:
+    from driver.policy.model import GpuRef
+
+    st = d.ledger.shared_states()[GpuRef(node, index)]
+    return st.used.memory_mib, st.used.cores, st.used.shares
