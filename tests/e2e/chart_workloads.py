@@ -107,6 +107,11 @@ class ChartNodeDir(NodeDir):
 
     chart_args: tuple[str, ...] = ()  # the DaemonSet's, ConfigMap mounts already made local
 
+    @property
+    def hami_core_dir(self) -> Path:
+        """The node's HAMi-core directory (the chart's host /usr/local/vgpu)."""
+        return self.root / "vgpu"
+
     def argv(self, extra: Sequence[str] = ()) -> list[str]:
         local = {
             "registry-dir": self.root / "reg",
@@ -114,6 +119,8 @@ class ChartNodeDir(NodeDir):
             "cdi-dir": self.cdi_dir,
             "checkpoint-path": self.checkpoint,
             "boot-id-path": self.boot_id_file,
+            "hami-core-dir": self.hami_core_dir,
+            "hami-core-library": self.hami_core_dir / "libvgpu.so",
             "nvml": f"sim:{self.sim_state}",
             "kubeconfig": self.kubeconfig,
             "metrics-address": "127.0.0.1",

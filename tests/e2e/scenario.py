@@ -175,7 +175,10 @@ class Scenario:
 
     def start_nodes(self) -> None:
         for name, spec in self.specs.items():
-            gpus = [SimGpuSpec(sku, uuid=f"GPU-{uuid.uuid4()}") for sku in spec.gpus]
+            # A hami-core node's GPUs run with MIG off (HAMi-core shares whole GPUs); an Ampere GPU of a
+            # MIG node must already be in MIG mode to offer instances.
+            mig_on = spec.mode == "mig"
+            gpus = [SimGpuSpec(sku, mig_enabled=mig_on, uuid=f"GPU-{uuid.uuid4()}") for sku in spec.gpus]
             nd = ChartNodeDir.create(name, Path("/nonexistent"), gpus)
             assert isinstance(nd, ChartNodeDir)
             node_api = self.cp.api_client(self.cp.node_kubeconfig(name))
