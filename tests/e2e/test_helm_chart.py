@@ -181,14 +181,15 @@ def test_template_defaults(helm_bin: Path, tmp_path: Path) -> None:
         + ["Role", "RoleBinding", "Deployment", "DaemonSet", "MutatingWebhookConfiguration"]
         + ["ConfigMap"] * 2
         + ["Service"] * 3
-        + ["DeviceClass"] * 2
+        + ["DeviceClass"] * 3
         + ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"] * 2
     )
 
-    # DeviceClasses select on the attribute the plugin publishes (kubeletplugin/slices.py: type).
+    # DeviceClasses select on the attribute the plugin publishes (kubeletplugin/slices.py: type). The
+    # hami-core class is on by default: the shim's templates for pods without vgpu-mode reference it.
     classes = {d["metadata"]["name"]: d for d in by_kind(docs, "DeviceClass")}
-    assert set(classes) == {f"mig.{DRIVER}", DRIVER}
-    for name, wanted in ((f"mig.{DRIVER}", "mig"), (DRIVER, "gpu")):
+    assert set(classes) == {f"mig.{DRIVER}", DRIVER, f"hami-core.{DRIVER}"}
+    for name, wanted in ((f"mig.{DRIVER}", "mig"), (DRIVER, "gpu"), (f"hami-core.{DRIVER}", "hami-core")):
         expr = " ".join(classes[name]["spec"]["selectors"][0]["cel"]["expression"].split())
         assert expr == f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "{wanted}"'
 
@@ -216,9 +217,12 @@ def test_template_defaults(helm_bin: Path, tmp_path: Path) -> None:
         "/var/run/cdi",
         "/dev",
         "/",  # the driver root, read-only, only for locating libnvidia-ml.so.1
+        "/usr/local/vgpu",  # HAMi-core's library; CDI specs of shared GPUs mount it from the host
     }
+    assert (args.hami_core_dir, args.hami_core_library) == ("/usr/local/vgpu", "/usr/local/vgpu/libvgpu.so")
+    assert args.device_split_count == "10"
     mounts = {m["name"]: m for m in plugin["volumeMounts"]}
-    for name in ("plugins-registry", "plugin-data", "cdi"):  # same path inside as on the host
+    for name in ("plugins-registry", "plugin-data", "cdi", "hami-core"):  # same path inside as on the host
         assert mounts[name]["mountPath"] == volumes[name]["hostPath"]["path"]
     assert mounts["driver-root"]["readOnly"] is True
     # Only the plugin is privileged; the controller runs as non-root with nothing extra.
