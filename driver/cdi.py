@@ -202,9 +202,7 @@ def _visible_uuid(dev: PreparedDevice) -> str:
     return dev.mig_uuid if isinstance(dev, PreparedMig) else dev.gpu_uuid
 
 
-def _device_edits(
-    dev: PreparedDevice, minors: Mapping[str, int] | None, visible: str
-) -> dict[str, Any]:
+def _device_edits(dev: PreparedDevice, minors: Mapping[str, int] | None, visible: str) -> dict[str, Any]:
     if isinstance(dev, PreparedMig):
         _check_uuid("mig_uuid", dev.mig_uuid, "MIG-")
         _check_uuid("parent_uuid", dev.parent_uuid, "GPU-")

@@ -112,7 +112,9 @@ def test_kill_during_prepare_converges(ctx: Ctx, point: str) -> None:
     snap = nd.admin().snapshot()
     uuids = {gi.compute_instances[0].mig_uuid for g in snap.gpus for gi in g.gpu_instances}
     visible = {e.split("=", 1)[1] for d in spec["devices"] for e in d["containerEdits"]["env"]}
-    assert len(visible) == 1 and set(visible.pop().split(",")) == uuids  # every device names the claim's UUIDs
+    assert (
+        len(visible) == 1 and set(visible.pop().split(",")) == uuids
+    )  # every device names the claim's UUIDs
     status = ctx.claims.claim(point)["status"]["devices"]
     assert {d["data"]["migUUID"] for d in status} == uuids
     if point == "after-checkpoint-commit":
