@@ -28,7 +28,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from driver.nvml.sim import SimGpuSpec  # noqa: E402
-from tests.e2e.cluster import ControlPlane, build_binaries, create_namespace, create_ready_node  # noqa: E402
+from tests.e2e.cluster import ControlPlane, build_binaries  # noqa: E402
+from tests.e2e.k8sobjects import create_namespace, create_ready_node  # noqa: E402
 from tests.e2e.plugin_harness import (  # noqa: E402
     ClaimFactory,
     Kubelet,

@@ -76,11 +76,11 @@ def shared_gpu_lines(
         if cells < 3:
             break
         label = f"{amount.memory_mib}Mi {share.holder.who}"
-        parts.append(paint("[" + _fit(label, cells - 2) + "]", code_of(share.holder)))
+        parts.append(paint("[" + fit_label(label, cells - 2) + "]", code_of(share.holder)))
         cells_left -= cells
     free = total - used
     if cells_left >= 3 and free.memory_mib > 0:
-        parts.append(paint("[" + _fit(f"free {free.memory_mib}Mi", cells_left - 2) + "]", free_code))
+        parts.append(paint("[" + fit_label(f"free {free.memory_mib}Mi", cells_left - 2) + "]", free_code))
     lines.append("  " + "".join(parts))
     for share, amount in sorted(zip(shares, amounts, strict=True), key=lambda sa: -sa[1].memory_mib):
         pod = ("pod " + ",".join(share.holder.pods)) if share.holder.pods else "pod ?"
@@ -103,7 +103,8 @@ def shared_gpu_lines(
     return lines
 
 
-def _fit(text: str, width: int) -> str:
+def fit_label(text: str, width: int) -> str:
+    """`text` padded or cut (with a trailing ~) to exactly `width` cells of a slice map."""
     if width <= 0:
         return ""
     if len(text) <= width:

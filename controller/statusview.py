@@ -25,7 +25,7 @@ from typing import Any
 from api.constants import DRIVER_NAME
 from controller.inventory import DeviceKey, Inventory, InventoryGpu
 from controller.podclaims import referenced_claims
-from controller.sharedview import ShareHolding, share_holdings, shared_gpu_lines
+from controller.sharedview import ShareHolding, fit_label, share_holdings, shared_gpu_lines
 from driver.catalog.types import MigProfile
 from driver.placement.fragmentation import capacity, fragmentation
 from driver.placement.occupancy import Occupancy, OccupancyError, PlacedProfile
@@ -235,16 +235,8 @@ class _Painter:
         return code
 
 
-def _fit(text: str, width: int) -> str:
-    if width <= 0:
-        return ""
-    if len(text) <= width:
-        return text.ljust(width)
-    return text[: width - 1] + "~" if width > 1 else text[:width]
-
-
 def _segment(label: str, slices: int) -> str:
-    return "[" + _fit(label, slices * CELL - 2) + "]"
+    return "[" + fit_label(label, slices * CELL - 2) + "]"
 
 
 def _bar(view: GpuView, paint: _Painter) -> tuple[str, str]:

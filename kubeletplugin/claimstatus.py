@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from driver.migannotation import MigAllocationRecord
-from kubeletplugin.checkpoint import ClaimCheckpoint, PreparedDeviceRecord
+from kubeletplugin.checkpoint_model import ClaimCheckpoint, PreparedDeviceRecord
 
 JsonDict = dict[str, Any]
 

@@ -26,7 +26,8 @@ from driver.hamicore import HamiCorePaths
 from driver.nvml.backend import open_nvml
 from driver.nvml.port import Nvml
 from driver.nvml.types import GpuInfo, NvmlError
-from kubeletplugin.checkpoint import CheckpointCorrupt, CheckpointStore, read_boot_id
+from kubeletplugin.checkpoint import CheckpointStore, read_boot_id
+from kubeletplugin.checkpoint_model import CheckpointCorrupt
 from kubeletplugin.config import PluginConfig
 from kubeletplugin.crashpoints import Crashpoints
 from kubeletplugin.grpcserver import PluginServers, install_signal_handlers

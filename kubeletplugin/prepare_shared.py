@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from driver import cdi, hamicore
-from kubeletplugin.checkpoint import ClaimCheckpoint, ClaimState, PreparedDeviceRecord
+from kubeletplugin.checkpoint_model import ClaimCheckpoint, ClaimState, PreparedDeviceRecord
 from kubeletplugin.kubeapi import AllocatedDevice
 from kubeletplugin.metrics import SharedGpuUsage
 from kubeletplugin.sharedcapacity import MAX_CORES, SharedShare, share_from_result

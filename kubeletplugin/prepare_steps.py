@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from driver.nvml.types import GpuInstance, NvmlError, NvmlErrorCode
-from kubeletplugin.checkpoint import PreparedDeviceRecord
+from kubeletplugin.checkpoint_model import PreparedDeviceRecord
 from kubeletplugin.crashpoints import Crashpoints
 from kubeletplugin.nvmlops import GONE_CODES, NvmlOps
 

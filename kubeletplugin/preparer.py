@@ -37,7 +37,8 @@ from kubernetes.client.exceptions import ApiException
 from api.constants import DRIVER_NAME, DeviceKind
 from driver import cdi
 from driver.nvml.types import NvmlError
-from kubeletplugin.checkpoint import CheckpointStore, ClaimCheckpoint, ClaimState, PreparedDeviceRecord
+from kubeletplugin.checkpoint import CheckpointStore
+from kubeletplugin.checkpoint_model import ClaimCheckpoint, ClaimState, PreparedDeviceRecord
 from kubeletplugin.crashpoints import Crashpoints
 from kubeletplugin.grpcserver import ClaimRef, PreparedDevice, PrepareResult
 from kubeletplugin.hamicoresupport import HamiCoreSupport

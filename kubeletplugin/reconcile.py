@@ -23,7 +23,8 @@ import structlog
 from kubernetes.client.exceptions import ApiException
 
 from driver.nvml.types import GpuInfo, NvmlError
-from kubeletplugin.checkpoint import CheckpointStore, ClaimCheckpoint, ClaimState
+from kubeletplugin.checkpoint import CheckpointStore
+from kubeletplugin.checkpoint_model import ClaimCheckpoint, ClaimState
 from kubeletplugin.kubeapi import ClaimApi, ClaimNotFound
 from kubeletplugin.metrics import NodeMetrics
 from kubeletplugin.migmode import MigModeManager

@@ -21,7 +21,8 @@ from kubernetes.client.exceptions import ApiException
 
 from api.constants import ANNOTATION_MIG_ALLOCATIONS, DRIVER_NAME
 from driver.migannotation import encode_mig_allocations
-from kubeletplugin.checkpoint import CheckpointStore, ClaimCheckpoint, ClaimState
+from kubeletplugin.checkpoint import CheckpointStore
+from kubeletplugin.checkpoint_model import ClaimCheckpoint, ClaimState
 from kubeletplugin.claimstatus import (
     ContainerDevice,
     annotation_records,

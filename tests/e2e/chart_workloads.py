@@ -21,7 +21,8 @@ import yaml
 
 from controller.rest import request
 
-from .cluster import ControlPlane, b64, wait_until
+from .cluster import ControlPlane, wait_until
+from .pki import b64
 from .plugin_harness import REPO, NodeDir, scrape
 
 

@@ -2,18 +2,17 @@
 
 `ControlPlane` runs etcd, kube-apiserver, kube-controller-manager and kube-scheduler (built by
 `k8sbuild/build.sh` from the Kubernetes Go modules) as local processes on loopback with random free
-ports. It generates its own PKI (CA, serving certificate, client certificates, service-account key)
-with `cryptography`, writes one kubeconfig per identity, waits until everything is ready and tears it
+ports. It generates its own PKI (CA, serving certificate, client certificates, service-account key;
+see `pki.py`), writes one kubeconfig per identity, waits until everything is ready and tears it
 all down again. Nothing in here fakes an API: there is no kubelet and no container runtime, which the
-tests supply themselves (a kubelet stand-in).
+tests supply themselves (a kubelet stand-in; the Node, Lease and Namespace objects it would
+maintain are made by `k8sobjects.py`).
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import ctypes
-import datetime as dt
 import ipaddress
 import json
 import os
@@ -29,13 +28,11 @@ import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from .pki import PKI, b64, new_service_account_key
 
 HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "k8sbuild" / "build.sh"
@@ -100,132 +97,7 @@ def build_binaries(timeout_s: float = 3 * 3600) -> Path:
 
 
 # --------------------------------------------------------------------------------------------------
-# PKI
-
-
-def _pem_key(key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-
-
-def _pem_cert(cert: x509.Certificate) -> bytes:
-    return cert.public_bytes(serialization.Encoding.PEM)
-
-
-@dataclass(frozen=True)
-class CertPair:
-    cert_pem: bytes
-    key_pem: bytes
-
-
-class PKI:
-    """A throwaway CA that issues the serving certificate and client certificates."""
-
-    def __init__(self, common_name: str = "flexmig-e2e-ca") -> None:
-        self._key = ec.generate_private_key(ec.SECP256R1())
-        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-        now = dt.datetime.now(dt.UTC)
-        self._name = name
-        self.ca_cert = (
-            x509.CertificateBuilder()
-            .subject_name(name)
-            .issuer_name(name)
-            .public_key(self._key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + dt.timedelta(days=2))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(self._key.public_key()), critical=False)
-            .sign(self._key, hashes.SHA256())
-        )
-
-    @property
-    def ca_pem(self) -> bytes:
-        return _pem_cert(self.ca_cert)
-
-    @property
-    def ca_key_pem(self) -> bytes:
-        return _pem_key(self._key)
-
-    def issue(
-        self,
-        common_name: str,
-        *,
-        organizations: Sequence[str] = (),
-        dns_names: Sequence[str] = (),
-        ips: Sequence[str] = (),
-        server: bool = False,
-        client: bool = False,
-    ) -> CertPair:
-        key = ec.generate_private_key(ec.SECP256R1())
-        attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in organizations]
-        attrs.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
-        now = dt.datetime.now(dt.UTC)
-        usages = []
-        if server:
-            usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
-        if client:
-            usages.append(ExtendedKeyUsageOID.CLIENT_AUTH)
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name(attrs))
-            .issuer_name(self._name)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + dt.timedelta(days=2))
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=False,
-                    crl_sign=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(self._key.public_key()),
-                critical=False,
-            )
-        )
-        sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns_names]
-        sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
-        if sans:
-            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        cert = builder.sign(self._key, hashes.SHA256())
-        return CertPair(_pem_cert(cert), _pem_key(key))
-
-
-# --------------------------------------------------------------------------------------------------
 # processes
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
 
 
 def free_port() -> int:
@@ -499,15 +371,9 @@ class ControlPlane:
         admin = p.issue(ADMIN.user, organizations=ADMIN.groups, client=True)
         self._write(self.pki_dir / "admin.crt", admin.cert_pem)
         self._write(self.pki_dir / "admin.key", admin.key_pem)
-        sa_key = ec.generate_private_key(ec.SECP256R1())
-        self._write(self.pki_dir / "sa.key", _pem_key(sa_key))
-        self._write(
-            self.pki_dir / "sa.pub",
-            sa_key.public_key().public_bytes(
-                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-            ),
-            0o644,
-        )
+        sa_private, sa_public = new_service_account_key()
+        self._write(self.pki_dir / "sa.key", sa_private)
+        self._write(self.pki_dir / "sa.pub", sa_public, 0o644)
 
     # ---- lifecycle --------------------------------------------------------------------------
 
@@ -738,102 +604,3 @@ def control_plane(bin_dir: Path | None = None) -> Iterator[ControlPlane]:
     cp = ControlPlane(bin_dir or build_binaries())
     with cp:
         yield cp
-
-
-# --------------------------------------------------------------------------------------------------
-# helpers for objects a kubelet would normally maintain
-
-
-M = TypeVar("M")
-
-
-def model(cls: type[M], obj: dict[str, Any]) -> M:
-    """Build a `kubernetes` client model from its camelCase JSON form (`Model.from_dict`)."""
-    built = cls.from_dict(obj)  # type: ignore[attr-defined]
-    assert built is not None
-    return built  # type: ignore[no-any-return]
-
-
-def _now_rfc3339() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def create_ready_node(
-    api: Any,
-    name: str,
-    *,
-    labels: Mapping[str, str] | None = None,
-    capacity: Mapping[str, str] | None = None,
-) -> None:
-    """Create a Node object with a Ready condition, allocatable resources and a node Lease.
-
-    This is what a registering kubelet writes; with no kubelet running, the node stays schedulable
-    only while `heartbeat_node` is called (the node-lifecycle controller's grace period is ~50s).
-    """
-    from kubernetes import client as k8s
-
-    core = k8s.CoreV1Api(api)
-    cap = dict(capacity or {"cpu": "64", "memory": "512Gi", "pods": "110"})
-    node_labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", **(labels or {})}
-    core.create_node(
-        model(
-            k8s.V1Node,
-            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": node_labels}},
-        )
-    )
-    heartbeat_node(api, name, capacity=cap)
-
-
-def heartbeat_node(api: Any, name: str, *, capacity: Mapping[str, str] | None = None) -> None:
-    """Refresh the node's Ready condition and renew its Lease (what kubelet does periodically)."""
-    from kubernetes import client as k8s
-    from kubernetes.client.exceptions import ApiException
-
-    core = k8s.CoreV1Api(api)
-    now = _now_rfc3339()
-    status: dict[str, Any] = {
-        "conditions": [
-            {
-                "type": "Ready",
-                "status": "True",
-                "reason": "KubeletReady",
-                "message": "e2e kubelet stand-in",
-                "lastHeartbeatTime": now,
-                "lastTransitionTime": now,
-            }
-        ]
-    }
-    if capacity is not None:
-        status["capacity"] = dict(capacity)
-        status["allocatable"] = dict(capacity)
-    core.patch_node_status(name, {"status": status})
-
-    coord = k8s.CoordinationV1Api(api)
-    micro = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    lease = {
-        "apiVersion": "coordination.k8s.io/v1",
-        "kind": "Lease",
-        "metadata": {"name": name, "namespace": "kube-node-lease"},
-        "spec": {"holderIdentity": name, "leaseDurationSeconds": 40, "renewTime": micro},
-    }
-    try:
-        coord.patch_namespaced_lease(name, "kube-node-lease", {"spec": lease["spec"]})
-    except ApiException as exc:
-        if exc.status != 404:
-            raise
-        coord.create_namespaced_lease("kube-node-lease", model(k8s.V1Lease, lease))
-
-
-def create_namespace(api: Any, name: str, timeout_s: float = 60.0) -> None:
-    """Create a namespace and wait until its default ServiceAccount exists (pods need it)."""
-    from kubernetes import client as k8s
-
-    core = k8s.CoreV1Api(api)
-    core.create_namespace(
-        model(k8s.V1Namespace, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-    )
-    wait_until(
-        lambda: core.read_namespaced_service_account("default", name) is not None,
-        timeout_s,
-        f"serviceaccount {name}/default",
-    )

@@ -77,6 +77,12 @@ def k8s_bin_dir() -> Path:
     return bin_dir
 
 
+@pytest.fixture(scope="module")
+def helm_bin(k8s_bin_dir: Path) -> Path:
+    """The built `helm`; the chart tests run it without a cluster (template, lint) and for dry runs."""
+    return k8s_bin_dir / "helm"
+
+
 @contextlib.contextmanager
 def _uncaptured(config: pytest.Config) -> Iterator[None]:
     """Let a fixture's message reach the terminal even while pytest captures output."""

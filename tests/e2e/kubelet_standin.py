@@ -36,7 +36,7 @@ from api.constants import DRIVER_NAME
 from api.gen.pluginregistration_v1 import api_pb2 as reg_pb2
 from controller.rest import request
 
-from .cluster import create_ready_node, heartbeat_node
+from .k8sobjects import create_ready_node, heartbeat_node
 from .kubelet_pods import BACKOFF_MAX_S, BACKOFF_START_S, Action, PodView, PodWorker
 from .plugin_harness import Kubelet, NodeDir
 

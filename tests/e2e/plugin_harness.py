@@ -43,7 +43,8 @@ from api.gen.pluginregistration_v1 import api_pb2 as reg_pb2
 from api.gen.pluginregistration_v1 import api_pb2_grpc as reg_grpc
 from driver.nvml.sim import SimAdmin, SimGpuSpec, init_sim_state
 
-from .cluster import heartbeat_node, wait_until
+from .cluster import wait_until
+from .k8sobjects import heartbeat_node
 
 REPO = Path(__file__).resolve().parents[2]
 DEVICE_CLASS = "mig.gpu.flexmig.dev"

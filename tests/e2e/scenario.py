@@ -42,7 +42,8 @@ from controller.rest import pod_path, request
 from driver.nvml.sim import SimGpuSpec
 
 from .chart_workloads import ChartNodeDir, ControllerProcess, Workload, token_kubeconfig, workload
-from .cluster import ControlPlane, create_namespace, free_port, wait_until
+from .cluster import ControlPlane, free_port, wait_until
+from .k8sobjects import create_namespace
 from .kubelet_standin import KubeletStandIn
 from .plugin_harness import REPO, PluginProcess, instances, scrape, wait_slices
 

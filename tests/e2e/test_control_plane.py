@@ -11,14 +11,8 @@ from typing import Any, TypeVar
 import pytest
 from kubernetes import client as k8s
 
-from .cluster import (
-    REQUIRED_FEATURES,
-    ControlPlane,
-    create_namespace,
-    create_ready_node,
-    heartbeat_node,
-    model,
-)
+from .cluster import REQUIRED_FEATURES, ControlPlane
+from .k8sobjects import create_namespace, create_ready_node, heartbeat_node, model
 from .objects import claim_body, pod_body
 
 pytestmark = pytest.mark.e2e

@@ -27,7 +27,8 @@ from driver.catalog.types import GpuCatalog
 from kubeletplugin.nodeconfig import NodeConfig, OperatingMode
 from kubeletplugin.slices import build_node_slices
 
-from .cluster import ControlPlane, create_namespace, create_ready_node, heartbeat_node
+from .cluster import ControlPlane
+from .k8sobjects import create_namespace, create_ready_node, heartbeat_node
 from .objects import claim_body, pod_body
 
 pytestmark = pytest.mark.e2e

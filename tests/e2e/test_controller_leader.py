@@ -9,7 +9,8 @@ from collections.abc import Callable
 from controller.leader import LeaderElector
 from controller.rest import lease_path, request
 
-from .cluster import ControlPlane, create_namespace
+from .cluster import ControlPlane
+from .k8sobjects import create_namespace
 
 
 def _wait(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:

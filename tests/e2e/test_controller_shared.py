@@ -26,7 +26,8 @@ from controller.rest import request
 from controller.watchcache import WatchCache
 from controller.writer import CONDITION_TYPE, Writer
 
-from .cluster import ControlPlane, create_namespace, create_ready_node, heartbeat_node
+from .cluster import ControlPlane
+from .k8sobjects import create_namespace, create_ready_node, heartbeat_node
 from .objects import pod_body
 from .test_controller_allocation import eventually
 

@@ -10,7 +10,8 @@ from kubernetes import client as k8s
 
 from controller.watchcache import Event, Reflector, Store
 
-from .cluster import ControlPlane, create_ready_node
+from .cluster import ControlPlane
+from .k8sobjects import create_ready_node
 
 
 def test_watch_from_a_compacted_version_relists_and_converges(control_plane: ControlPlane) -> None:

@@ -6,7 +6,8 @@ import json
 
 from driver.nvml.sim import SimGpuSpec
 
-from .cluster import ControlPlane, create_namespace, create_ready_node
+from .cluster import ControlPlane
+from .k8sobjects import create_namespace, create_ready_node
 from .plugin_harness import (
     ClaimFactory,
     Kubelet,

@@ -19,7 +19,8 @@ import pytest
 from api.constants import DRIVER_NAME
 from driver.nvml.sim import SimGpuSpec, open_sim
 
-from .cluster import ControlPlane, create_namespace, create_ready_node, wait_until
+from .cluster import ControlPlane, wait_until
+from .k8sobjects import create_namespace, create_ready_node
 from .plugin_harness import (
     ClaimFactory,
     Kubelet,

@@ -23,7 +23,8 @@ from api.constants import DRIVER_NAME
 from driver.nvml.sim import SimGpuSpec
 from driver.nvml.sim.hardware import SKUS
 
-from .cluster import ControlPlane, create_namespace, create_ready_node
+from .cluster import ControlPlane
+from .k8sobjects import create_namespace, create_ready_node
 from .plugin_harness import ClaimFactory, Kubelet, NodeDir, PluginProcess, heartbeats, wait_slices
 
 NODE = "hamicore-a"

@@ -21,7 +21,8 @@ from driver.migannotation import decode_mig_allocations
 from driver.nvml.sim import SimGpuSpec
 from driver.nvml.types import HealthEventKind
 
-from .cluster import ControlPlane, create_namespace, create_ready_node
+from .cluster import ControlPlane
+from .k8sobjects import create_namespace, create_ready_node
 from .plugin_harness import (
     ClaimFactory,
     Kubelet,

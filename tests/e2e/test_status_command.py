@@ -17,7 +17,8 @@ from flexmig.cli import main
 from kubeletplugin.nodeconfig import NodeConfig, OperatingMode
 from kubeletplugin.slices import build_node_slices
 
-from .cluster import ControlPlane, create_namespace
+from .cluster import ControlPlane
+from .k8sobjects import create_namespace
 from .objects import claim_body, pod_body
 
 pytestmark = pytest.mark.e2e

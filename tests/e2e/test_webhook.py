@@ -40,7 +40,9 @@ from kubernetes.client.exceptions import ApiException
 from api.constants import ALLOCATION_GATE
 from controller.rest import request as rest
 
-from .cluster import ControlPlane, b64, create_namespace, free_port
+from .cluster import ControlPlane, free_port
+from .k8sobjects import create_namespace
+from .pki import b64
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deployments" / "helm" / "flexmig"

@@ -9,16 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from kubeletplugin.checkpoint import (
+from kubeletplugin.checkpoint import CheckpointStore, read_boot_id
+from kubeletplugin.checkpoint_model import (
     CHECKPOINT_VERSION,
     Checkpoint,
     CheckpointCorrupt,
-    CheckpointStore,
     ClaimCheckpoint,
     ClaimState,
     PreparedDeviceRecord,
     checkpoint_to_json,
-    read_boot_id,
 )
 from kubeletplugin.sharedcapacity import SharedShare
 

@@ -19,7 +19,8 @@ from driver.catalog.discover import discover_all
 from driver.hamicore import HamiCorePaths
 from driver.nvml.port import Nvml
 from driver.nvml.sim import SimAdmin, SimGpuSpec, init_sim_state, open_sim
-from kubeletplugin.checkpoint import CheckpointStore, ClaimCheckpoint, ClaimState
+from kubeletplugin.checkpoint import CheckpointStore
+from kubeletplugin.checkpoint_model import ClaimCheckpoint, ClaimState
 from kubeletplugin.crashpoints import Crashpoints
 from kubeletplugin.grpcserver import ClaimRef
 from kubeletplugin.hamicoresupport import HamiCoreSupport

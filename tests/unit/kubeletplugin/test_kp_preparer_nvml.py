@@ -10,7 +10,7 @@ import pytest
 from driver.nvml.port import Nvml
 from driver.nvml.sim import SimAdmin, SimGpuSpec, init_sim_state, open_sim
 from driver.nvml.types import NvmlError, NvmlErrorCode
-from kubeletplugin.checkpoint import PreparedDeviceRecord
+from kubeletplugin.checkpoint_model import PreparedDeviceRecord
 from kubeletplugin.crashpoints import Crashpoints
 from kubeletplugin.metrics import NodeMetrics
 from kubeletplugin.migmode import MigModeError, MigModeManager

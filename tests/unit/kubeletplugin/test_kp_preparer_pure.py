@@ -13,7 +13,7 @@ import pytest
 
 from api.constants import DRIVER_NAME
 from driver.migannotation import decode_mig_allocations, encode_mig_allocations
-from kubeletplugin.checkpoint import ClaimCheckpoint, ClaimState, PreparedDeviceRecord
+from kubeletplugin.checkpoint_model import ClaimCheckpoint, ClaimState, PreparedDeviceRecord
 from kubeletplugin.claimstatus import annotation_records, device_status_entries, pod_mig_devices
 from kubeletplugin.config import ConfigError, add_flags, load_config
 from kubeletplugin.crashpoints import Crashpoints

@@ -1,0 +1,108 @@
+"""Objects a kubelet would normally maintain, for e2e tests that run no kubelet.
+
+`create_ready_node` / `heartbeat_node` write what a registering kubelet writes (a Ready Node and its
+Lease); `create_namespace` waits for the default ServiceAccount that pods need; `model` turns a
+camelCase JSON body into a `kubernetes` client model.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from .cluster import wait_until
+
+M = TypeVar("M")
+
+
+def model(cls: type[M], obj: dict[str, Any]) -> M:
+    """Build a `kubernetes` client model from its camelCase JSON form (`Model.from_dict`)."""
+    built = cls.from_dict(obj)  # type: ignore[attr-defined]
+    assert built is not None
+    return built  # type: ignore[no-any-return]
+
+
+def _now_rfc3339() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def create_ready_node(
+    api: Any,
+    name: str,
+    *,
+    labels: Mapping[str, str] | None = None,
+    capacity: Mapping[str, str] | None = None,
+) -> None:
+    """Create a Node object with a Ready condition, allocatable resources and a node Lease.
+
+    This is what a registering kubelet writes; with no kubelet running, the node stays schedulable
+    only while `heartbeat_node` is called (the node-lifecycle controller's grace period is ~50s).
+    """
+    from kubernetes import client as k8s
+
+    core = k8s.CoreV1Api(api)
+    cap = dict(capacity or {"cpu": "64", "memory": "512Gi", "pods": "110"})
+    node_labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", **(labels or {})}
+    core.create_node(
+        model(
+            k8s.V1Node,
+            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": node_labels}},
+        )
+    )
+    heartbeat_node(api, name, capacity=cap)
+
+
+def heartbeat_node(api: Any, name: str, *, capacity: Mapping[str, str] | None = None) -> None:
+    """Refresh the node's Ready condition and renew its Lease (what kubelet does periodically)."""
+    from kubernetes import client as k8s
+    from kubernetes.client.exceptions import ApiException
+
+    core = k8s.CoreV1Api(api)
+    now = _now_rfc3339()
+    status: dict[str, Any] = {
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": "True",
+                "reason": "KubeletReady",
+                "message": "e2e kubelet stand-in",
+                "lastHeartbeatTime": now,
+                "lastTransitionTime": now,
+            }
+        ]
+    }
+    if capacity is not None:
+        status["capacity"] = dict(capacity)
+        status["allocatable"] = dict(capacity)
+    core.patch_node_status(name, {"status": status})
+
+    coord = k8s.CoordinationV1Api(api)
+    micro = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    lease = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": name, "namespace": "kube-node-lease"},
+        "spec": {"holderIdentity": name, "leaseDurationSeconds": 40, "renewTime": micro},
+    }
+    try:
+        coord.patch_namespaced_lease(name, "kube-node-lease", {"spec": lease["spec"]})
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        coord.create_namespaced_lease("kube-node-lease", model(k8s.V1Lease, lease))
+
+
+def create_namespace(api: Any, name: str, timeout_s: float = 60.0) -> None:
+    """Create a namespace and wait until its default ServiceAccount exists (pods need it)."""
+    from kubernetes import client as k8s
+
+    core = k8s.CoreV1Api(api)
+    core.create_namespace(
+        model(k8s.V1Namespace, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    )
+    wait_until(
+        lambda: core.read_namespaced_service_account("default", name) is not None,
+        timeout_s,
+        f"serviceaccount {name}/default",
+    )
