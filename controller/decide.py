@@ -3,11 +3,12 @@
 No I/O: the allocation loop, the benchmark and the property tests all call `Decider.decide` against the
 same inventory/ledger. The MIG policy (driver/policy/allocator.py) chooses node, GPU, profile and
 placement of MIG devices; the share policy (driver/policy/shared.py) chooses the HAMi-core GPUs of
-shares; this module feeds them the candidates, keeps every device of the pod on one node, walks
-`firstAvailable` alternatives (earlier ones win, as in kube-scheduler, except that a request mixing MIG
-and HAMi-core alternatives takes the one stranding the least memory: controller/shares.py), enforces
-`matchAttribute` / `distinctAttribute` constraints, and re-checks the result against the published
-counters before anything is written.
+shares; the whole-GPU policy (driver/policy/whole.py, combined in controller/wholeplan.py) chooses
+the idle GPUs of whole-GPU requests; this module feeds them the candidates, keeps every device of the
+pod on one node, walks `firstAvailable` alternatives (earlier ones win, as in kube-scheduler, except
+that a request mixing MIG and HAMi-core alternatives takes the one stranding the least memory:
+controller/shares.py), enforces `matchAttribute` / `distinctAttribute` constraints, and re-checks the
+result against the published counters (MIG and whole devices) before anything is written.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from enum import StrEnum
 from typing import Any
 
 from api.constants import DRIVER_NAME
-from controller.constraints import ConstraintChecker, Plan, Slot
+from controller.constraints import Plan, Slot
 from controller.inventory import PublishedDevice
 from controller.ledger import Held, Ledger, ShareUse
 from controller.requests import (
@@ -40,6 +41,7 @@ from controller.shares import (
     mig_stranded,
     share_result,
 )
+from controller.wholeplan import Checker, Unplaced, WholePlacer
 from driver.policy.allocator import Policy
 from driver.policy.model import AllowedTable, DeviceRequest, ShortReason
 from driver.policy.shared import (
@@ -50,6 +52,7 @@ from driver.policy.shared import (
     place_on_node,
     place_shares,
 )
+from driver.policy.whole import IdleGpus, WholeRequest
 
 MAX_ALTERNATIVE_COMBINATIONS = 16
 
@@ -58,7 +61,7 @@ class ControllerReason(StrEnum):
     """Reasons the controller adds to the policy's ShortReason."""
 
     INVALID_REQUEST = "InvalidRequest"  # a claim asks for something we cannot allocate
-    NO_MATCHING_DEVICE = "NoMatchingDevice"  # selectors admit no published MIG device
+    NO_MATCHING_DEVICE = "NoMatchingDevice"  # selectors admit no published device of ours
     CONSTRAINT_UNSATISFIED = "ConstraintUnsatisfied"  # matchAttribute/distinctAttribute
     COUNTERS_EXCEEDED = "CountersExceeded"  # safety net: published counters disagree
 
@@ -77,7 +80,7 @@ class ClaimAllocation:
 
     @property
     def keys(self) -> list[Held]:
-        """What the ledger must count for this claim: (pool, device) per MIG device, a ShareUse per share."""
+        """What the ledger counts for this claim: (pool, device) per MIG/whole device, a ShareUse per share."""
         return list(self.held) if self.held else [(d.pool, d.name) for d in self.devices]
 
 
@@ -110,8 +113,9 @@ class Decider:
         self.index = index
         self.policy = policy
         self.amounts = ShareAmounts(ledger.inventory, index.share_amounts_cache)
-        self.check = ConstraintChecker(ledger.inventory)
+        self.check = Checker(ledger.inventory)
         self._states: dict[Any, SharedGpuState] = {}
+        self._idle: IdleGpus | None = None  # the idle GPUs, computed once per decision when needed
         self._classified: dict[tuple[str, str], Classified | Decision] = {}
 
     def decide(
@@ -126,6 +130,7 @@ class Decider:
         except RequestError as exc:
             return Decision(reason=ControllerReason.INVALID_REQUEST, message=str(exc))
         self._states = self.ledger.shared_states()
+        self._idle = None
         self._classified = {}
         flat = [(ci, req) for ci, reqs in enumerate(per_claim) for req in reqs]
         mixed = {i for i, (_, req) in enumerate(flat) if self._mixed(req)}
@@ -196,6 +201,7 @@ class Decider:
         slots: list[Slot] = []
         mig_requests: list[DeviceRequest] = []
         share_requests: list[ShareRequest] = []
+        whole_requests: list[WholeRequest] = []
         for fi, ((ci, req), alt) in enumerate(picked):
             c = self._classify(req, alt)
             if isinstance(c, Decision):
@@ -212,6 +218,12 @@ class Decider:
                         DeviceRequest(slot.policy_name, c.mig.min_memory_mib, device_filter=filt)
                     )
                 continue
+            if c.kind is AltKind.WHOLE:
+                for i in range(alt.count):
+                    slot = Slot(ci, fi, req, alt, f"{ci}:{alt.result_name}:{i}", AltKind.WHOLE)
+                    slots.append(slot)
+                    whole_requests.append(WholeRequest(slot.policy_name, c.whole))
+                continue
             where = f"claim {req.claim} spec.devices.requests[{alt.result_name}]"
             amounts, refusal, too_large = self.amounts.amounts(alt, c.shared, where)
             if not amounts:
@@ -223,7 +235,7 @@ class Decider:
                 slot = Slot(ci, fi, req, alt, f"{ci}:{alt.result_name}:{i}", AltKind.SHARED)
                 slots.append(slot)
                 share_requests.append(ShareRequest(slot.policy_name, amounts, group=str(ci)))
-        plan = self._place(mig_requests, share_requests, node_ok)
+        plan = self._place(mig_requests, share_requests, whole_requests, node_ok)
         if isinstance(plan, Decision):
             return plan
         problem = self.check.violation(claims, slots, plan)
@@ -232,7 +244,7 @@ class Decider:
         for mig_pinned, share_pinned in self.check.pinned_variants(
             self.ledger.cluster, slots, mig_requests, share_requests, problem
         ):
-            again = self._place(mig_pinned, share_pinned, node_ok)
+            again = self._place(mig_pinned, share_pinned, whole_requests, node_ok)
             if isinstance(again, Plan) and self.check.violation(claims, slots, again) is None:
                 return self._decision(claims, classes, slots, again, mixed)
         return Decision(reason=ControllerReason.CONSTRAINT_UNSATISFIED, message=problem.message)
@@ -241,9 +253,19 @@ class Decider:
         self,
         mig_requests: list[DeviceRequest],
         share_requests: list[ShareRequest],
+        whole_requests: list[WholeRequest],
         node_ok: Callable[[str], bool] | None,
     ) -> Plan | Decision:
-        """MIG devices through the policy, shares through the share policy, all on one node."""
+        """MIG devices through the policy, shares through the share policy, whole GPUs through the
+        whole-GPU policy (controller/wholeplan.py), all on one node."""
+        if whole_requests:
+            if self._idle is None:
+                self._idle = self.ledger.idle_gpus()
+            placer = WholePlacer(self.policy, self.ledger.cluster, self._idle, self._states)
+            plan = placer.place(mig_requests, share_requests, whole_requests, node_ok)
+            if isinstance(plan, Unplaced):
+                return Decision(reason=plan.reason, message=plan.message)
+            return plan
         if not share_requests:
             placement = self.policy.place(self.ledger.cluster, mig_requests)
             if not placement.ok:
@@ -282,10 +304,7 @@ class Decider:
 
     def _no_match(self, req: ClaimRequest, alt: Alternative, cands: Candidates) -> Decision:
         what = f"claim {req.claim} request {alt.result_name} (class {alt.class_name})"
-        if cands.whole_only:
-            msg = f"{what} matches only whole-GPU devices; the controller allocates MIG devices and shares"
-            return Decision(reason=ControllerReason.INVALID_REQUEST, message=msg)
-        msg = f"{what}: no published MIG or shared device matches its selectors"
+        msg = f"{what}: no published MIG, whole-GPU or shared device matches its selectors"
         if cands.errors:
             msg += "; " + "; ".join(cands.errors)
         return Decision(reason=ControllerReason.NO_MATCHING_DEVICE, message=msg)
@@ -302,7 +321,7 @@ class Decider:
     ) -> Decision:
         devices = [self.check.device(s, plan) for s in slots]
         problem = self.ledger.counters_allow(
-            d for s, d in zip(slots, devices, strict=True) if s.kind is AltKind.MIG
+            d for s, d in zip(slots, devices, strict=True) if s.kind in (AltKind.MIG, AltKind.WHOLE)
         )
         if problem is not None:
             return Decision(reason=ControllerReason.COUNTERS_EXCEEDED, message=problem)
@@ -315,7 +334,7 @@ class Decider:
             if s.kind is AltKind.MIG:
                 isolated += 1
                 stranded += mig_stranded(self.ledger.inventory, s.request, plan.mig[s.policy_name])
-            else:
+            elif s.kind is AltKind.SHARED:
                 stranded += plan.shares[s.policy_name].stranded_mib
         allocations = []
         for ci, claim in enumerate(claims):
@@ -324,7 +343,7 @@ class Decider:
             results: list[dict[str, Any]] = []
             held: list[Held] = []
             for s, d in mine:
-                if s.kind is AltKind.MIG:
+                if s.kind in (AltKind.MIG, AltKind.WHOLE):
                     results.append(
                         {
                             "request": s.alternative.result_name,

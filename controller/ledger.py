@@ -32,6 +32,7 @@ from driver.placement.occupancy import Occupancy, OccupancyError
 from driver.policy.cluster import ClusterState
 from driver.policy.model import GpuRef, GpuState
 from driver.policy.shared import ZERO, ShareAmount, SharedGpuState
+from driver.policy.whole import IdleGpu, IdleGpus, mig_cost
 
 log = structlog.get_logger(__name__)
 
@@ -251,6 +252,23 @@ class Ledger:
                 if used.get(name, Fraction(0)) + value > available.get(name, Fraction(0)):
                     return f"counter {name} of {pool_name}/{counter_set} would be exceeded"
         return None
+
+    def idle_gpus(self) -> IdleGpus:
+        """Every GPU whose whole device may be allocated now: published, not held by any claim, no MIG
+        instance held on it and no conflict; each with the MIG capacity its loss destroys."""
+        idle = []
+        for gpu in self.inventory.gpus.values():
+            if gpu.whole_device is None or (gpu.pool, gpu.whole_device) in self.owners:
+                continue
+            if gpu.ref in self.conflicts:
+                continue
+            if gpu.ref in self._in_cluster:
+                state = self.cluster.gpu(gpu.ref)
+                if state.whole_gpu_taken or not state.occupancy.is_empty:
+                    continue
+            idle.append(gpu.ref)
+        costs = mig_cost(self.cluster, idle)
+        return IdleGpus(IdleGpu(ref, costs[ref]) for ref in idle)
 
     def is_used(self, key: DeviceKey) -> bool:
         """Whether a device is held exclusively (a shared device is never: see `shared_used`)."""

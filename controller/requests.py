@@ -11,9 +11,13 @@ device, or one with `capacity.requests`, is served by shares; its `ShareSpec` ho
 requests (names and values checked here and against each GPU's requestPolicy at decision time) and the
 memory percentage of a `SharedGpuRequest` opaque config that names it (or names no request).
 
+Whole GPUs (`gpu-<i>`, class gpu.flexmig.dev): an alternative whose selectors admit whole-GPU devices
+and no MIG or shared device is served by idle whole GPUs (driver/policy/whole.py); `whole_candidates`
+gives the GPUs whose whole device it admits. Selectors admitting MIG devices as well stay MIG requests.
+
 What the controller does not allocate is refused with a message naming the field, never guessed at:
 `allocationMode: All` (MIG placements overlap, so "every matching device" cannot be allocated
-together), `adminAccess`, capacity requests on MIG devices, and requests that only whole GPUs match.
+together), `adminAccess`, and capacity requests on MIG or whole-GPU devices.
 """
 
 from __future__ import annotations
@@ -69,7 +73,6 @@ class Candidates:
 
     per_gpu: dict[GpuRef, frozenset[tuple[str, int]]]
     min_memory_mib: int
-    whole_only: bool
     errors: list[str] = field(default_factory=list)
 
 
@@ -191,6 +194,7 @@ class CandidateIndex:
         self.cel = cel_env
         self._cache: dict[tuple[str, ...], Candidates] = {}
         self._shared: dict[tuple[str, ...], dict[GpuRef, PublishedDevice]] = {}
+        self._whole: dict[tuple[str, ...], frozenset[GpuRef]] = {}
         # Per (selectors, share spec): what one share consumes on each GPU (controller/shares.py).
         self.share_amounts_cache: dict[tuple[Any, ...], Any] = {}
 
@@ -219,15 +223,12 @@ class CandidateIndex:
         per_gpu: dict[GpuRef, frozenset[tuple[str, int]]] = {}
         interned: dict[frozenset[tuple[str, int]], frozenset[tuple[str, int]]] = {}
         min_memory: int | None = None
-        whole_match = False
         for gpu in self.inventory.gpus.values():
             pool = self.inventory.pools[gpu.pool]
             allowed = set()
             for (profile, start), name in gpu.mig_devices.items():
                 if self._match(compiled, pool.devices[name], errors):
                     allowed.add((profile, start))
-            if gpu.whole_device is not None and not whole_match:
-                whole_match = self._match(compiled, pool.devices[gpu.whole_device], errors)
             if allowed:
                 frozen = frozenset(allowed)
                 per_gpu[gpu.ref] = interned.setdefault(frozen, frozen)  # identical GPUs share one set
@@ -235,9 +236,25 @@ class CandidateIndex:
                 for prof in gpu.catalog.profiles:
                     if prof.name in names and (min_memory is None or prof.memory_mib < min_memory):
                         min_memory = prof.memory_mib
-        result = Candidates(per_gpu, min_memory or 0, whole_match and not per_gpu, errors)
+        result = Candidates(per_gpu, min_memory or 0, errors)
         self._cache[selectors] = result
         return result
+
+    def whole_candidates(self, selectors: tuple[str, ...]) -> frozenset[GpuRef]:
+        """The GPUs whose whole-GPU device `gpu-<i>` a selector set admits (allocated or not)."""
+        hit = self._whole.get(selectors)
+        if hit is not None:
+            return hit
+        compiled = self._compiled(selectors)
+        errors: list[str] = []
+        out = frozenset(
+            gpu.ref
+            for gpu in self.inventory.gpus.values()
+            if gpu.whole_device is not None
+            and self._match(compiled, self.inventory.pools[gpu.pool].devices[gpu.whole_device], errors)
+        )
+        self._whole[selectors] = out
+        return out
 
     def shared_candidates(self, selectors: tuple[str, ...]) -> dict[GpuRef, PublishedDevice]:
         """The shareable GPUs (their `gpu-<i>-shared` devices) a selector set admits."""

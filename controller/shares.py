@@ -2,8 +2,11 @@
 
 An alternative is served by MIG devices when its selectors admit published MIG devices and it asks for
 no capacity; by shares of HAMi-core GPUs when it asks for capacity, or when its selectors admit only
-`gpu-<i>-shared` devices. (A selector admitting both kinds, without capacity requests, is a MIG request:
-the shared devices of hami-core nodes are chosen on purpose, through their class or capacity.)
+`gpu-<i>-shared` devices; by whole GPUs (`gpu-<i>`, driver/policy/whole.py) when its selectors admit
+whole-GPU devices and neither of the others. (A selector admitting MIG devices and other kinds, without
+capacity requests, is a MIG request, as before whole GPUs were allocated: a GPU is taken whole or
+shared only when asked for on purpose, through its class or capacity. Whole GPUs have no request
+policy, so capacity requests on them are refused.)
 
 Mixed pools (contract C3 mode `any`: a `firstAvailable` request with a MIG alternative and a HAMi-core
 alternative): instead of the first alternative that fits, the controller takes the one that strands
@@ -36,6 +39,7 @@ from driver.policy.shared import ShareAmount
 class AltKind(StrEnum):
     MIG = "mig"
     SHARED = "shared"
+    WHOLE = "whole"
     NONE = "none"  # no published device matches
 
 
@@ -44,6 +48,7 @@ class Classified:
     kind: AltKind
     mig: Candidates
     shared: Mapping[GpuRef, PublishedDevice]
+    whole: frozenset[GpuRef] = frozenset()
 
 
 def classify(index: CandidateIndex, alt: Alternative, where: str) -> Classified:
@@ -53,16 +58,19 @@ def classify(index: CandidateIndex, alt: Alternative, where: str) -> Classified:
     if alt.capacity_requested:
         if shared:
             return Classified(AltKind.SHARED, mig, shared)
-        if mig.per_gpu:
+        if mig.per_gpu or index.whole_candidates(alt.selectors):
             raise RequestError(
-                f"{where}.capacity: only MIG devices match and MIG devices are not shareable; remove "
-                "capacity.requests or select shared devices (class hami-core.gpu.flexmig.dev)"
+                f"{where}.capacity: only MIG or whole-GPU devices match and those are not shareable; "
+                "remove capacity.requests or select shared devices (class hami-core.gpu.flexmig.dev)"
             )
         return Classified(AltKind.NONE, mig, shared)
     if mig.per_gpu:
         return Classified(AltKind.MIG, mig, shared)
     if shared:
         return Classified(AltKind.SHARED, mig, shared)
+    whole = index.whole_candidates(alt.selectors)
+    if whole:
+        return Classified(AltKind.WHOLE, mig, shared, whole)
     return Classified(AltKind.NONE, mig, shared)
 
 

@@ -128,6 +128,10 @@ class ClusterState:
     def gpu(self, ref: GpuRef) -> GpuState:
         return self._gpus[ref]
 
+    def has(self, ref: GpuRef) -> bool:
+        """Whether the GPU is in the MIG state (GPUs publishing no MIG device are not)."""
+        return ref in self._gpus
+
     def gpus(self) -> list[GpuState]:
         return list(self._gpus.values())
 
