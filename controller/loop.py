@@ -30,6 +30,7 @@ from controller.decide import ClaimAllocation, Decider, Decision, node_selector
 from controller.inventory import Inventory
 from controller.ledger import Held, Ledger, claim_holdings
 from controller.metrics import ControllerMetrics, Snapshot, instance_rows
+from controller.nodefilter import NodeFilter, PodRules, pinned_nodes
 from controller.podclaims import (
     ClaimsPending,
     claim_names,
@@ -204,29 +205,15 @@ class Controller:
 
     # --- allocation ---------------------------------------------------------------------------------
 
-    def _node_filter(self, pod: Obj, allocated: list[Obj]) -> Callable[[str], bool]:
-        nodes = self.cache["nodes"]
-        wanted = (pod.get("spec") or {}).get("nodeSelector") or {}
-        pinned: set[str] | None = None
-        for claim in allocated:  # claims allocated elsewhere fix the node for the rest
-            for term in (claim["status"]["allocation"].get("nodeSelector") or {}).get(
-                "nodeSelectorTerms"
-            ) or ():
-                for field in term.get("matchFields") or ():
-                    if field.get("key") == "metadata.name" and field.get("operator") == "In":
-                        values = set(field.get("values") or ())
-                        pinned = values if pinned is None else pinned & values
-
-        def ok(node: str) -> bool:
-            obj = nodes.get(node)
-            if obj is None or (obj.get("spec") or {}).get("unschedulable"):
-                return False
-            labels = obj["metadata"].get("labels") or {}
-            if any(labels.get(k) != v for k, v in wanted.items()):
-                return False
-            return pinned is None or node in pinned
-
-        return ok
+    def _node_filter(self, pod: Obj, allocated: list[Obj]) -> NodeFilter:
+        """Nodes kube-scheduler would bind the pod to (controller/nodefilter.py), on the node that the
+        pod's claims allocated elsewhere fix, if any."""
+        rules = PodRules.from_pod(pod)
+        if rules.problems:
+            log.warning(
+                "pod placement rules not understood", pod=object_key(pod), problems=list(rules.problems)
+            )
+        return NodeFilter(rules, self.cache["nodes"], pinned_nodes(allocated))
 
     def _process_pod(self, key: str) -> None:
         pod = self.cache["pods"].get(key)
@@ -245,12 +232,16 @@ class Controller:
         if todo:
             allocated = [c for c in claims.values() if c not in todo]
             started = time.perf_counter()
+            node_ok = self._node_filter(pod, allocated)
             decision = Decider(self.ledger, self.index, self.policy).decide(
-                todo, self.cache["deviceclasses"], node_ok=self._node_filter(pod, allocated)
+                todo, self.cache["deviceclasses"], node_ok=node_ok
             )
             self.metrics.decision_latency.observe(time.perf_counter() - started)
             if not decision.ok:
-                self._unplaced(pod, pending, str(decision.reason), decision.message)
+                excluded = node_ok.summary()  # says why nodes with room did not count, if any
+                parts = [decision.message] + ([f"excluded for this pod: {excluded}"] if excluded else [])
+                message = "; ".join(p for p in parts if p)
+                self._unplaced(pod, pending, str(decision.reason), message)
                 return
             written = self._write_claims(pod, decision)
             if written is None:
