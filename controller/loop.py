@@ -200,6 +200,7 @@ class Controller:
                 gpus=tuple(self.ledger.cluster.gpus()),
                 instances=tuple(instance_rows(self.cache["resourceclaims"].values(), pools)),
                 gated=gated,
+                shared=tuple(self.ledger.shared_states().values()),
             )
         )
 

@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 from api.constants import DRIVER_NAME, parse_device_name
 from driver.placement.fragmentation import fragmentation
 from driver.policy.model import GpuRef, GpuState
+from driver.policy.shared import SharedGpuState
 
 INSTANCE_INFO_LABELS = (
     "node",
@@ -40,6 +41,7 @@ class Snapshot:
     gpus: tuple[GpuState, ...] = ()
     instances: tuple[tuple[str, ...], ...] = ()
     gated: Mapping[str, int] = field(default_factory=dict)
+    shared: tuple[SharedGpuState, ...] = ()  # hami-core GPUs: capacity and what every claim's shares use
 
 
 def instance_rows(
@@ -123,6 +125,37 @@ class _SnapshotCollector(Collector):
         yield free
         yield frag_gpu
         yield frag_node
+        yield from _shared_families(snap.shared)
+
+
+# (metric suffix, help, ShareAmount field)
+_SHARED_RESOURCES = (
+    ("memory_mib", "memory in MiB", "memory_mib"),
+    ("cores", "percent of the SMs", "cores"),
+    ("shares", "split slots (deviceSplitCount)", "shares"),
+)
+
+
+def _shared_families(states: Iterable[SharedGpuState]) -> Iterable[GaugeMetricFamily]:
+    """Per hami-core GPU, what shares hold and what it offers, as the controller accounts them."""
+    ordered = sorted(states, key=lambda st: (st.ref.node, st.ref.gpu_index))
+    for suffix, what, attr in _SHARED_RESOURCES:
+        used = GaugeMetricFamily(
+            f"flexmig_shared_gpu_allocated_{suffix}",
+            f"Shared (hami-core) GPU {what} allocated to shares, summed over every claim",
+            labels=["node", "device_index"],
+        )
+        total = GaugeMetricFamily(
+            f"flexmig_shared_gpu_capacity_{suffix}",
+            f"Shared (hami-core) GPU {what} published",
+            labels=["node", "device_index"],
+        )
+        for st in ordered:
+            labels = [st.ref.node, str(st.ref.gpu_index)]
+            used.add_metric(labels, getattr(st.used, attr))
+            total.add_metric(labels, getattr(st.capacity, attr))
+        yield used
+        yield total
 
 
 class ControllerMetrics:

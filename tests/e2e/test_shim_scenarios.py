@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from api.constants import (
     ALLOCATION_GATE,
@@ -236,7 +237,19 @@ def test_hami_core_mode_pod_is_limited_by_the_library(sc: Scenario) -> None:
     assert {"/usr/local/vgpu/libvgpu.so", "/etc/ld.so.preload"} <= mounts, mounts
     present = metric_samples(hami.metrics(), "flexmig_hami_core_library_present")
     assert present and present[0]["node"] == hami.name
+
+    def allocated_mib() -> float:
+        assert sc.controller is not None
+        return sum(
+            s.value
+            for family in text_string_to_metric_families(sc.controller.metrics())
+            for s in family.samples
+            if s.name == "flexmig_shared_gpu_allocated_memory_mib" and s.labels["node"] == hami.name
+        )
+
+    wait_until(lambda: allocated_mib() == 2 * GUIDE_MEMORY_MIB, 30, "the controller's share metrics")
     sc.delete_pod(ns, "shared")
+    wait_until(lambda: allocated_mib() == 0, 30, "the controller's share metrics to drop the shares")
 
 
 def test_bad_legacy_pod_is_denied_by_the_api_server(sc: Scenario) -> None:
