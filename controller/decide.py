@@ -275,7 +275,7 @@ class Decider:
             shares = place_shares(self._states, share_requests, node_ok)
             if not shares.ok:
                 return Decision(reason=str(shares.reason), message=shares.message)
-            return Plan((), shares.picks)
+            return Plan((), shares.choices)
         # Both kinds: only nodes where every share fits may take the MIG devices; then the shares go
         # to the node the MIG policy chose.
         candidates = set.intersection(*({ref.node for ref in r.amounts} for r in share_requests))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Generic, Protocol, TypeVar
 
 from driver.catalog.types import GpuCatalog, MigProfile
 from driver.placement.occupancy import Occupancy
@@ -121,11 +122,24 @@ class ShortReason(StrEnum):
     NO_SINGLE_NODE = "NoSingleNodeFits"  # each device fits somewhere, but not all on one node
 
 
-@dataclass(frozen=True, slots=True)
-class Placement:
-    """The policy's answer: one choice per device request, all on one node, or why not."""
+class OnGpu(Protocol):
+    """What a policy chose for one request: it names the GPU."""
 
-    choices: tuple[Choice, ...]
+    @property
+    def gpu(self) -> GpuRef: ...
+
+
+C = TypeVar("C", bound=OnGpu)
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementOf(Generic[C]):
+    """A policy's answer: one choice per request, all on one node, or why not (`reason`, `message`).
+
+    One shape for the three kinds of device (MIG choices, whole GPUs, shares), so the controller reads
+    every answer alike."""
+
+    choices: tuple[C, ...]
     reason: ShortReason | None = None
     message: str = ""
 
@@ -136,3 +150,8 @@ class Placement:
     @property
     def node(self) -> str | None:
         return self.choices[0].gpu.node if self.choices else None
+
+
+@dataclass(frozen=True, slots=True)
+class Placement(PlacementOf[Choice]):
+    """The MIG policy's answer: one MIG device (profile at a start) per device request."""

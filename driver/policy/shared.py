@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from driver.policy.model import GpuRef, ShortReason
+from driver.policy.model import GpuRef, PlacementOf, ShortReason
 
 MAX_SEARCH_STEPS = 4096
 """Backtracking budget per node; the greedy first path is always tried in full."""
@@ -97,18 +97,8 @@ class SharePick:
 
 
 @dataclass(frozen=True, slots=True)
-class SharePlacement:
-    picks: tuple[SharePick, ...]
-    reason: ShortReason | None = None
-    message: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.reason is None
-
-    @property
-    def node(self) -> str | None:
-        return self.picks[0].gpu.node if self.picks else None
+class SharePlacement(PlacementOf[SharePick]):
+    """One GPU share per share request."""
 
 
 NodeKey = tuple[int, int, str]

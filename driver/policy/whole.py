@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Sequence, Set
 from dataclasses import dataclass
 
 from driver.policy.cluster import ClusterState
-from driver.policy.model import GpuRef, ShortReason
+from driver.policy.model import GpuRef, PlacementOf, ShortReason
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,18 +49,8 @@ class WholePick:
 
 
 @dataclass(frozen=True, slots=True)
-class WholePlacement:
-    picks: tuple[WholePick, ...]
-    reason: ShortReason | None = None
-    message: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.reason is None
-
-    @property
-    def node(self) -> str | None:
-        return self.picks[0].gpu.node if self.picks else None
+class WholePlacement(PlacementOf[WholePick]):
+    """One idle GPU per whole-GPU request."""
 
 
 NodeKey = tuple[float, int, str]

@@ -2,34 +2,22 @@
 
 from __future__ import annotations
 
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from kubernetes import client as k8s
 
+from api.constants import DRIVER_NAME as DRIVER
+
 from .cluster import REQUIRED_FEATURES, ControlPlane
+from .controller_env import device_class_body, eventually
 from .k8sobjects import create_namespace, create_ready_node, heartbeat_node, model
 from .objects import claim_body, pod_body
 
 pytestmark = pytest.mark.e2e
-
-DRIVER = "gpu.flexmig.dev"
-T = TypeVar("T")
-
-
-def eventually(fn: Callable[[], T | None], timeout_s: float, what: str, interval_s: float = 0.2) -> T:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(interval_s)
 
 
 @pytest.fixture(scope="module")
@@ -141,17 +129,7 @@ def gpu_node(api: Any) -> Iterator[dict[str, str]]:
     resource.create_resource_slice(model(k8s.V1ResourceSlice, counter_slice))
     resource.create_resource_slice(model(k8s.V1ResourceSlice, device_slice))
     device_class = f"e2e-{suffix}.{DRIVER}"
-    resource.create_device_class(
-        model(
-            k8s.V1DeviceClass,
-            {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "DeviceClass",
-                "metadata": {"name": device_class},
-                "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
-            },
-        )
-    )
+    resource.create_device_class(model(k8s.V1DeviceClass, device_class_body(device_class)))
     namespace = f"e2e-{suffix}"
     create_namespace(api, namespace)
     yield {

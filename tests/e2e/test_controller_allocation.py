@@ -4,127 +4,56 @@ capacity frees up; claims of deleted pods are deallocated."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import threading
-import time
 import uuid
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from kubernetes import client as k8s
 from prometheus_client import generate_latest
 
 from api.constants import ALLOCATION_GATE, ANNOTATION_MIG_ALLOCATIONS, DRIVER_NAME
-from controller.leader import LeaderElector
-from controller.loop import Controller
 from controller.rest import request
-from controller.watchcache import WatchCache
-from controller.writer import CONDITION_TYPE, FINALIZER, Writer
-from driver.catalog.simulated import simulated_catalog
-from driver.catalog.types import GpuCatalog
-from kubeletplugin.nodeconfig import NodeConfig, OperatingMode
-from kubeletplugin.slices import build_node_slices
+from controller.writer import CONDITION_TYPE, FINALIZER
 
 from .cluster import ControlPlane
-from .k8sobjects import create_namespace, create_ready_node, heartbeat_node
+from .controller_env import (
+    controller_env,
+    create,
+    device_class_body,
+    eventually,
+    gpu_catalogs,
+    published_slices,
+)
 from .objects import claim_body, pod_body
 
 pytestmark = pytest.mark.e2e
-T = TypeVar("T")
 CONFIG: list[dict[str, Any]] = [{"opaque": {"driver": DRIVER_NAME, "parameters": {"note": "copied"}}}]
-
-
-def eventually(fn: Callable[[], T | None], timeout_s: float, what: str) -> T:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.2)
-
-
-def _catalogs(model: str, n: int) -> list[GpuCatalog]:
-    base = simulated_catalog(model)
-    return [
-        dataclasses.replace(base, gpu=dataclasses.replace(base.gpu, index=i, uuid=f"GPU-{uuid.uuid4()}"))
-        for i in range(n)
-    ]
 
 
 @pytest.fixture(scope="module")
 def env(control_plane: ControlPlane) -> Iterator[dict[str, Any]]:
     suffix = uuid.uuid4().hex[:6]
-    with control_plane.api_client() as api:
-        nodes = {f"ctl-a100-{suffix}": ("A100-40GB", 1), f"ctl-h100-{suffix}": ("H100-80GB", 1)}
-        resource: Any = k8s.ResourceV1Api(api)
-        for node, (model, n) in nodes.items():
-            create_ready_node(api, node)
-            built = build_node_slices(
-                _catalogs(model, n),
-                node,
-                1,
-                NodeConfig(node, OperatingMode.MIG),
-                dict.fromkeys(range(n), True),
-            )
-            for s in built.slices:
-                request(api, "POST", "/apis/resource.k8s.io/v1/resourceslices", s.body)
-        device_class = f"mig-{suffix}.{DRIVER_NAME}"
-        request(
-            api,
-            "POST",
-            "/apis/resource.k8s.io/v1/deviceclasses",
-            {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "DeviceClass",
-                "metadata": {"name": device_class},
-                "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}]},
-            },
-        )
-        namespace = f"ctl-{suffix}"
-        create_namespace(api, namespace)
-        stop = threading.Event()
-
-        def heartbeats() -> None:
-            while not stop.wait(5):
-                for node in nodes:
-                    heartbeat_node(api, node)
-
-        beat = threading.Thread(target=heartbeats, daemon=True)
-        beat.start()
-        elector = LeaderElector(api, namespace, f"e2e-{suffix}", lease_s=6, renew_deadline_s=4, retry_s=1)
-        elector.start()
-        controller = Controller(WatchCache.for_api(api), Writer(api), is_leader=elector.is_leader)
-        runner = threading.Thread(target=controller.run, args=(stop.is_set,), daemon=True)
-        runner.start()
+    nodes = {f"ctl-a100-{suffix}": ("A100-40GB", 1), f"ctl-h100-{suffix}": ("H100-80GB", 1)}
+    slices = {node: published_slices(node, gpu_catalogs(model, n)) for node, (model, n) in nodes.items()}
+    device_class = f"mig-{suffix}.{DRIVER_NAME}"
+    with (
+        control_plane.api_client() as api,
+        controller_env(api, f"ctl-{suffix}", slices, [device_class_body(device_class)]) as ctl,
+    ):
         yield {
             "api": api,
             "nodes": nodes,
             "class": device_class,
-            "ns": namespace,
-            "controller": controller,
-            "elector": elector,
+            "ns": ctl.namespace,
+            "controller": ctl.controller,
+            "elector": ctl.elector,
         }
-        stop.set()
-        elector.stop_event.set()
-        runner.join(timeout=10)
-        k8s.CoreV1Api(api).delete_namespace(namespace)
-        resource.delete_device_class(device_class)
-        for node in nodes:
-            resource.delete_collection_resource_slice(field_selector=f"spec.nodeName={node}")
-            k8s.CoreV1Api(api).delete_node(node)
 
 
 def _gated_pod(name: str, claim: str | dict[str, str]) -> dict[str, Any]:
     return pod_body(name, claim, gates=[ALLOCATION_GATE])
-
-
-def _create(api: Any, ns: str, plural: str, body: dict[str, Any]) -> None:
-    group = "/api/v1" if plural == "pods" else "/apis/resource.k8s.io/v1"
-    request(api, "POST", f"{group}/namespaces/{ns}/{plural}", body)
 
 
 def _mem_selector(mib: int) -> str:
@@ -136,10 +65,8 @@ def test_gated_pod_is_allocated_released_and_bound(env: dict[str, Any]) -> None:
     core: Any = k8s.CoreV1Api(api)
     resource: Any = k8s.ResourceV1Api(api)
     eventually(env["elector"].is_leader, 30, "the controller to win the leader election")
-    _create(
-        api, ns, "resourceclaims", claim_body("small", env["class"], [_mem_selector(4000)], config=CONFIG)
-    )
-    _create(api, ns, "pods", _gated_pod("small", {"resourceClaimName": "small"}))
+    create(api, ns, "resourceclaims", claim_body("small", env["class"], [_mem_selector(4000)], config=CONFIG))
+    create(api, ns, "pods", _gated_pod("small", {"resourceClaimName": "small"}))
 
     def allocated() -> Any:
         claim = resource.read_namespaced_resource_claim("small", ns)
@@ -203,7 +130,7 @@ def test_unplaceable_pod_waits_with_reason_then_placed_after_release(env: dict[s
     resource: Any = k8s.ResourceV1Api(api)
     eventually(env["elector"].is_leader, 30, "leadership")
     # Fill the H100 with one 7g.80gb through a template-generated claim.
-    _create(
+    create(
         api,
         ns,
         "resourceclaimtemplates",
@@ -214,9 +141,9 @@ def test_unplaceable_pod_waits_with_reason_then_placed_after_release(env: dict[s
             "spec": {"spec": claim_body("x", env["class"], [_mem_selector(60000)], config=CONFIG)["spec"]},
         },
     )
-    _create(api, ns, "pods", _gated_pod("big-1", {"resourceClaimTemplateName": "big"}))
+    create(api, ns, "pods", _gated_pod("big-1", {"resourceClaimTemplateName": "big"}))
     eventually(lambda: core.read_namespaced_pod("big-1", ns).spec.node_name, 60, "big-1 bound")
-    _create(api, ns, "pods", _gated_pod("big-2", {"resourceClaimTemplateName": "big"}))
+    create(api, ns, "pods", _gated_pod("big-2", {"resourceClaimTemplateName": "big"}))
 
     def condition() -> Any:
         status = core.read_namespaced_pod("big-2", ns).status

@@ -4,8 +4,6 @@ kube-apiserver + kube-scheduler, a NoSchedule taint keeps a pod without the tole
 
 from __future__ import annotations
 
-import dataclasses
-import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -14,19 +12,20 @@ import pytest
 from kubernetes import client as k8s
 
 from api.constants import ALLOCATION_GATE, DRIVER_NAME
-from controller.leader import LeaderElector
-from controller.loop import Controller
 from controller.rest import request
-from controller.watchcache import WatchCache
-from controller.writer import CONDITION_TYPE, Writer
-from driver.catalog.simulated import simulated_catalog
-from kubeletplugin.nodeconfig import NodeConfig, OperatingMode
-from kubeletplugin.slices import build_node_slices
+from controller.writer import CONDITION_TYPE
 
 from .cluster import ControlPlane
-from .k8sobjects import create_namespace, create_ready_node, heartbeat_node
+from .controller_env import (
+    bound_node,
+    controller_env,
+    create,
+    device_class_body,
+    eventually,
+    gpu_catalogs,
+    published_slices,
+)
 from .objects import claim_body, pod_body
-from .test_controller_allocation import eventually
 
 pytestmark = pytest.mark.e2e
 TAINT = {"key": "e2e.flexmig.dev/dedicated", "value": "gpu", "effect": "NoSchedule"}
@@ -40,67 +39,24 @@ def env(control_plane: ControlPlane) -> Iterator[dict[str, Any]]:
     # tainted node is the one the policy would pick, so only the node filter can move the pod away.
     tainted, plain = f"nf-a100-{suffix}", f"nf-h100-{suffix}"
     nodes = {tainted: "A100-40GB", plain: "H100-80GB"}
-    with control_plane.api_client() as api:
-        core: Any = k8s.CoreV1Api(api)
-        resource: Any = k8s.ResourceV1Api(api)
-        for node, model in nodes.items():
-            create_ready_node(api, node)
-            base = simulated_catalog(model)
-            catalog = dataclasses.replace(base, gpu=dataclasses.replace(base.gpu, uuid=f"GPU-{uuid.uuid4()}"))
-            built = build_node_slices([catalog], node, 1, NodeConfig(node, OperatingMode.MIG), {0: True})
-            for s in built.slices:
-                request(api, "POST", "/apis/resource.k8s.io/v1/resourceslices", s.body)
-        core.patch_node(tainted, {"spec": {"taints": [TAINT]}})
-        device_class = f"mig-nf-{suffix}.{DRIVER_NAME}"
-        request(
-            api,
-            "POST",
-            "/apis/resource.k8s.io/v1/deviceclasses",
-            {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "DeviceClass",
-                "metadata": {"name": device_class},
-                "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}]},
-            },
-        )
-        namespace = f"nf-{suffix}"
-        create_namespace(api, namespace)
-        stop = threading.Event()
-
-        def heartbeats() -> None:
-            while not stop.wait(5):
-                for node in nodes:
-                    heartbeat_node(api, node)
-
-        threading.Thread(target=heartbeats, daemon=True).start()
-        elector = LeaderElector(api, namespace, f"e2e-nf-{suffix}", lease_s=6, renew_deadline_s=4, retry_s=1)
-        elector.start()
-        controller = Controller(WatchCache.for_api(api), Writer(api), is_leader=elector.is_leader)
-        runner = threading.Thread(target=controller.run, args=(stop.is_set,), daemon=True)
-        runner.start()
-        yield {"api": api, "tainted": tainted, "plain": plain, "class": device_class, "ns": namespace}
-        stop.set()
-        elector.stop_event.set()
-        runner.join(timeout=10)
-        core.delete_namespace(namespace)
-        resource.delete_device_class(device_class)
-        for node in nodes:
-            resource.delete_collection_resource_slice(field_selector=f"spec.nodeName={node}")
-            core.delete_node(node)
+    slices = {node: published_slices(node, gpu_catalogs(model, 1)) for node, model in nodes.items()}
+    device_class = f"mig-nf-{suffix}.{DRIVER_NAME}"
+    with (
+        control_plane.api_client() as api,
+        controller_env(
+            api, f"nf-{suffix}", slices, [device_class_body(device_class)], taints={tainted: [TAINT]}
+        ) as ctl,
+    ):
+        yield {"api": api, "tainted": tainted, "plain": plain, "class": device_class, "ns": ctl.namespace}
 
 
 def _create_pod(env: dict[str, Any], name: str, selector: str, tolerations: list[dict[str, str]]) -> None:
     api, ns = env["api"], env["ns"]
-    request(
-        api,
-        "POST",
-        f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims",
-        claim_body(name, env["class"], [selector]),
-    )
+    create(api, ns, "resourceclaims", claim_body(name, env["class"], [selector]))
     body = pod_body(name, name, gates=[ALLOCATION_GATE])
     if tolerations:
         body["spec"]["tolerations"] = tolerations
-    request(api, "POST", f"/api/v1/namespaces/{ns}/pods", body)
+    create(api, ns, "pods", body)
 
 
 def _allocated_node(env: dict[str, Any], claim: str) -> str | None:
@@ -127,15 +83,13 @@ def _placed_by_us(env: dict[str, Any], pod: str) -> str:
     """The node kube-scheduler bound `pod` (whose claim has its name) to, once the controller's allocation
     there was accepted as is."""
     node = eventually(lambda: _allocated_node(env, pod), 60, f"claim {pod} allocated")
-    assert eventually(lambda: _bound(env, pod), 60, f"kube-scheduler to bind pod {pod}") == node
+    assert (
+        eventually(lambda: bound_node(env["api"], env["ns"], pod), 60, f"kube-scheduler to bind pod {pod}")
+        == node
+    )
     writers = _allocation_writers(env, pod)
     assert writers and "kube-scheduler" not in writers, writers
     return node
-
-
-def _bound(env: dict[str, Any], pod: str) -> str | None:
-    name = k8s.CoreV1Api(env["api"]).read_namespaced_pod(pod, env["ns"]).spec.node_name
-    return str(name) if name else None
 
 
 def test_taint_steers_allocation_and_toleration_admits(env: dict[str, Any]) -> None:

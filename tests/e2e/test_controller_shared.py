@@ -1,7 +1,7 @@
 """The controller allocating shares of HAMi-core GPUs against a real kube-apiserver + kube-scheduler.
 
-A hami-core node's `gpu-<i>-shared` devices are published by hand, exactly as contract C1 describes
-(the plugin's own publication is tested in test_plugin_hamicore.py). Claims of the shapes the
+A hami-core node's `gpu-<i>-shared` devices (contract C1) are published by hand, as the plugin's own
+slice builder makes them (the plugin publishing them is tested in test_plugin_hamicore.py). Claims of the shapes the
 compatibility shim writes (contract C3: hami-core with MiB and cores, with a memory percentage, and
 `any` with a MIG alternative first) are allocated with a shareID and consumedCapacity per result
 (contract C2), which the API server must accept; kube-scheduler binds the released pods; a pod asking
@@ -10,7 +10,6 @@ for more than is left waits with the reason and is placed once the earlier pod's
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -19,107 +18,51 @@ import pytest
 from kubernetes import client as k8s
 
 from api.constants import ALLOCATION_GATE, DRIVER_NAME
-from controller.leader import LeaderElector
-from controller.loop import Controller
 from controller.quantity import parse_quantity
 from controller.rest import request
-from controller.watchcache import WatchCache
-from controller.writer import CONDITION_TYPE, Writer
+from controller.writer import CONDITION_TYPE
+from kubeletplugin.nodeconfig import OperatingMode
 
 from .cluster import ControlPlane
-from .k8sobjects import create_namespace, create_ready_node, heartbeat_node
+from .controller_env import (
+    RESOURCE,
+    bound_node,
+    controller_env,
+    create,
+    device_class_body,
+    eventually,
+    gpu_catalogs,
+    published_slices,
+    type_is,
+)
 from .objects import pod_body
-from .test_controller_allocation import eventually
 
 pytestmark = pytest.mark.e2e
 MEMORY_MIB = (16384, 40960)
 SPLIT = 4
-RESOURCE = "/apis/resource.k8s.io/v1"
-
-
-def _shared_device(index: int, memory_mib: int) -> dict[str, Any]:
-    total = f"{memory_mib}Mi"
-    return {
-        "name": f"gpu-{index}-shared",
-        "allowMultipleAllocations": True,
-        "attributes": {
-            "type": {"string": "hami-core"},
-            "uuid": {"string": f"GPU-{uuid.uuid4()}"},
-            "productName": {"string": "NVIDIA A100-SXM4-40GB"},
-            "model": {"string": "A100-40GB"},
-            "architecture": {"string": "ampere"},
-            "index": {"int": index},
-            "splitCount": {"int": SPLIT},
-        },
-        "capacity": {
-            "memory": {
-                "value": total,
-                "requestPolicy": {"default": total, "validRange": {"min": "1Mi", "step": "1Mi"}},
-            },
-            "cores": {
-                "value": "100",
-                "requestPolicy": {"default": "0", "validRange": {"min": "0", "max": "100", "step": "1"}},
-            },
-            "shares": {"value": str(SPLIT), "requestPolicy": {"default": "1", "validValues": ["1"]}},
-        },
-    }
-
-
-def _class(name: str, kind: str) -> dict[str, Any]:
-    expr = f'device.driver == "{DRIVER_NAME}" && device.attributes["{DRIVER_NAME}"].type == "{kind}"'
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": name},
-        "spec": {"selectors": [{"cel": {"expression": expr}}]},
-    }
 
 
 @pytest.fixture(scope="module")
 def env(control_plane: ControlPlane) -> Iterator[dict[str, Any]]:
     suffix = uuid.uuid4().hex[:6]
-    with control_plane.api_client() as api:
-        node = f"ctl-hami-{suffix}"
-        create_ready_node(api, node)
-        body = {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceSlice",
-            "metadata": {"name": f"{node}-{DRIVER_NAME}-shared"},
-            "spec": {
-                "driver": DRIVER_NAME,
-                "nodeName": node,
-                "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-                "devices": [_shared_device(i, m) for i, m in enumerate(MEMORY_MIB)],
-            },
+    node = f"ctl-hami-{suffix}"
+    # A 16 GiB GPU (no A100 has that) next to a 40 GiB one: best fit shows in where shares land.
+    catalogs = gpu_catalogs("A100-40GB", len(MEMORY_MIB), memory_mib=MEMORY_MIB)
+    slices = {node: published_slices(node, catalogs, OperatingMode.HAMI_CORE, split_count=SPLIT)}
+    hami, mig = f"hami-{suffix}.{DRIVER_NAME}", f"mig-{suffix}.{DRIVER_NAME}"
+    classes = [device_class_body(hami, type_is("hami-core")), device_class_body(mig, type_is("mig"))]
+    with (
+        control_plane.api_client() as api,
+        controller_env(api, f"ctl-hami-{suffix}", slices, classes) as ctl,
+    ):
+        yield {
+            "api": api,
+            "node": node,
+            "hami": hami,
+            "mig": mig,
+            "ns": ctl.namespace,
+            "elector": ctl.elector,
         }
-        request(api, "POST", f"{RESOURCE}/resourceslices", body)
-        hami, mig = f"hami-{suffix}.{DRIVER_NAME}", f"mig-{suffix}.{DRIVER_NAME}"
-        request(api, "POST", f"{RESOURCE}/deviceclasses", _class(hami, "hami-core"))
-        request(api, "POST", f"{RESOURCE}/deviceclasses", _class(mig, "mig"))
-        namespace = f"ctl-hami-{suffix}"
-        create_namespace(api, namespace)
-        stop = threading.Event()
-
-        def heartbeats() -> None:
-            while not stop.wait(5):
-                heartbeat_node(api, node)
-
-        threading.Thread(target=heartbeats, daemon=True).start()
-        elector = LeaderElector(api, namespace, f"e2e-{suffix}", lease_s=6, renew_deadline_s=4, retry_s=1)
-        elector.start()
-        controller = Controller(WatchCache.for_api(api), Writer(api), is_leader=elector.is_leader)
-        runner = threading.Thread(target=controller.run, args=(stop.is_set,), daemon=True)
-        runner.start()
-        yield {"api": api, "node": node, "hami": hami, "mig": mig, "ns": namespace, "elector": elector}
-        stop.set()
-        elector.stop_event.set()
-        runner.join(timeout=10)
-        resource: Any = k8s.ResourceV1Api(api)
-        k8s.CoreV1Api(api).delete_namespace(namespace)
-        resource.delete_device_class(hami)
-        resource.delete_device_class(mig)
-        resource.delete_collection_resource_slice(field_selector=f"spec.nodeName={node}")
-        k8s.CoreV1Api(api).delete_node(node)
 
 
 def _hami(cls: str, count: int, memory_mib: int | None, cores: int) -> dict[str, Any]:
@@ -138,9 +81,8 @@ def _claim(name: str, request_body: dict[str, Any], **devices: Any) -> dict[str,
 
 def _run_pod(env: dict[str, Any], name: str, claim: dict[str, Any]) -> None:
     api, ns = env["api"], env["ns"]
-    request(api, "POST", f"{RESOURCE}/namespaces/{ns}/resourceclaims", claim)
-    pod = pod_body(name, claim["metadata"]["name"], gates=[ALLOCATION_GATE])
-    request(api, "POST", f"/api/v1/namespaces/{ns}/pods", pod)
+    create(api, ns, "resourceclaims", claim)
+    create(api, ns, "pods", pod_body(name, claim["metadata"]["name"], gates=[ALLOCATION_GATE]))
 
 
 def _allocation(env: dict[str, Any], claim: str) -> dict[str, Any] | None:
@@ -149,9 +91,7 @@ def _allocation(env: dict[str, Any], claim: str) -> dict[str, Any] | None:
 
 
 def _bound(env: dict[str, Any], pod: str) -> str | None:
-    core: Any = k8s.CoreV1Api(env["api"])
-    name: str | None = core.read_namespaced_pod(pod, env["ns"]).spec.node_name
-    return name
+    return bound_node(env["api"], env["ns"], pod)
 
 
 def test_shares_on_distinct_gpus_are_allocated_and_the_pod_bound(env: dict[str, Any]) -> None:

@@ -5,8 +5,6 @@ waits with the reason."""
 
 from __future__ import annotations
 
-import dataclasses
-import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -15,35 +13,21 @@ import pytest
 from kubernetes import client as k8s
 
 from api.constants import ALLOCATION_GATE, DRIVER_NAME
-from controller.leader import LeaderElector
-from controller.loop import Controller
-from controller.rest import request
-from controller.watchcache import WatchCache
-from controller.writer import CONDITION_TYPE, Writer
-from driver.catalog.simulated import simulated_catalog
-from kubeletplugin.nodeconfig import NodeConfig, OperatingMode
-from kubeletplugin.slices import build_node_slices
+from controller.writer import CONDITION_TYPE
 
 from .cluster import ControlPlane
-from .k8sobjects import create_namespace, create_ready_node, heartbeat_node
+from .controller_env import (
+    controller_env,
+    create,
+    device_class_body,
+    eventually,
+    gpu_catalogs,
+    published_slices,
+    type_is,
+)
 from .objects import claim_body, pod_body
-from .test_controller_allocation import eventually
 
 pytestmark = pytest.mark.e2e
-
-
-def _device_class(name: str, kind: str, uuid_attr: str, prefix: str) -> dict[str, Any]:
-    # Only this module's GPUs (by UUID prefix): other modules' nodes may still publish devices.
-    expr = (
-        f'device.driver == "{DRIVER_NAME}" && device.attributes["{DRIVER_NAME}"].type == "{kind}" && '
-        f'device.attributes["{DRIVER_NAME}"].{uuid_attr}.startsWith("{prefix}")'
-    )
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": name},
-        "spec": {"selectors": [{"cel": {"expression": expr}}]},
-    }
 
 
 @pytest.fixture(scope="module")
@@ -51,53 +35,22 @@ def env(control_plane: ControlPlane) -> Iterator[dict[str, Any]]:
     suffix = uuid.uuid4().hex[:6]
     prefix = f"GPU-whole{suffix}-"
     node = f"whole-h100-{suffix}"
-    with control_plane.api_client() as api:
-        resource: Any = k8s.ResourceV1Api(api)
-        create_ready_node(api, node)
-        base = simulated_catalog("H100-80GB")
-        catalogs = [
-            dataclasses.replace(base, gpu=dataclasses.replace(base.gpu, index=i, uuid=f"{prefix}{i}"))
-            for i in range(2)
-        ]
-        built = build_node_slices(
-            catalogs, node, 1, NodeConfig(node, OperatingMode.MIG), {0: False, 1: False}
-        )
-        for s in built.slices:
-            request(api, "POST", "/apis/resource.k8s.io/v1/resourceslices", s.body)
-        classes = {"whole": f"whole-{suffix}.{DRIVER_NAME}", "mig": f"mig-{suffix}.{DRIVER_NAME}"}
-        for body in (
-            _device_class(classes["whole"], "gpu", "uuid", prefix),
-            _device_class(classes["mig"], "mig", "parentUUID", prefix),
-        ):
-            request(api, "POST", "/apis/resource.k8s.io/v1/deviceclasses", body)
-        namespace = f"whole-{suffix}"
-        create_namespace(api, namespace)
-        stop = threading.Event()
-
-        def heartbeats() -> None:
-            while not stop.wait(5):
-                heartbeat_node(api, node)
-
-        threading.Thread(target=heartbeats, daemon=True).start()
-        elector = LeaderElector(api, namespace, f"e2e-{suffix}", lease_s=6, renew_deadline_s=4, retry_s=1)
-        elector.start()
-        controller = Controller(WatchCache.for_api(api), Writer(api), is_leader=elector.is_leader)
-        runner = threading.Thread(target=controller.run, args=(stop.is_set,), daemon=True)
-        runner.start()
-        yield {"api": api, "node": node, "classes": classes, "ns": namespace, "elector": elector}
-        stop.set()
-        elector.stop_event.set()
-        runner.join(timeout=10)
-        k8s.CoreV1Api(api).delete_namespace(namespace)
-        for name in classes.values():
-            resource.delete_device_class(name)
-        resource.delete_collection_resource_slice(field_selector=f"spec.nodeName={node}")
-        k8s.CoreV1Api(api).delete_node(node)
+    slices = {node: published_slices(node, gpu_catalogs("H100-80GB", 2, prefix), mig_enabled=False)}
+    classes = {"whole": f"whole-{suffix}.{DRIVER_NAME}", "mig": f"mig-{suffix}.{DRIVER_NAME}"}
+    # Only this module's GPUs (by UUID prefix): other modules' nodes may still publish devices.
+    bodies = [
+        device_class_body(classes["whole"], type_is("gpu"), _uuid_starts("uuid", prefix)),
+        device_class_body(classes["mig"], type_is("mig"), _uuid_starts("parentUUID", prefix)),
+    ]
+    with (
+        control_plane.api_client() as api,
+        controller_env(api, f"whole-{suffix}", slices, bodies) as ctl,
+    ):
+        yield {"api": api, "node": node, "classes": classes, "ns": ctl.namespace, "elector": ctl.elector}
 
 
-def _create(api: Any, ns: str, plural: str, body: dict[str, Any]) -> None:
-    group = "/api/v1" if plural == "pods" else "/apis/resource.k8s.io/v1"
-    request(api, "POST", f"{group}/namespaces/{ns}/{plural}", body)
+def _uuid_starts(attribute: str, prefix: str) -> str:
+    return f'device.attributes["{DRIVER_NAME}"].{attribute}.startsWith("{prefix}")'
 
 
 def _results(resource: Any, ns: str, claim: str) -> Any:
@@ -123,8 +76,8 @@ def test_whole_gpu_claims_are_allocated_bound_and_exclusive(env: dict[str, Any])
     eventually(env["elector"].is_leader, 30, "the controller to win the leader election")
 
     # 1. A whole GPU on its own: allocated by the controller, accepted by the API server, pod bound.
-    _create(api, ns, "resourceclaims", claim_body("w1", env["classes"]["whole"]))
-    _create(api, ns, "pods", pod_body("w1", "w1", gates=[ALLOCATION_GATE]))
+    create(api, ns, "resourceclaims", claim_body("w1", env["classes"]["whole"]))
+    create(api, ns, "pods", pod_body("w1", "w1", gates=[ALLOCATION_GATE]))
     (result,) = eventually(lambda: _results(resource, ns, "w1"), 60, "claim w1 to be allocated")
     assert (result.driver, result.pool) == (DRIVER_NAME, node)
     assert result.device in ("gpu-0", "gpu-1")
@@ -132,9 +85,9 @@ def test_whole_gpu_claims_are_allocated_bound_and_exclusive(env: dict[str, Any])
     assert not core.read_namespaced_pod("w1", ns).spec.scheduling_gates
 
     # 2. A whole GPU and a MIG device in one pod: the other GPU can only take one of them.
-    _create(api, ns, "resourceclaims", claim_body("w2", env["classes"]["whole"]))
-    _create(api, ns, "resourceclaims", claim_body("m2", env["classes"]["mig"]))
-    _create(api, ns, "pods", _two_claim_pod("both", "w2", "m2"))
+    create(api, ns, "resourceclaims", claim_body("w2", env["classes"]["whole"]))
+    create(api, ns, "resourceclaims", claim_body("m2", env["classes"]["mig"]))
+    create(api, ns, "pods", _two_claim_pod("both", "w2", "m2"))
 
     def reason() -> str | None:
         status = core.read_namespaced_pod("both", ns).status

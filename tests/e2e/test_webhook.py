@@ -23,7 +23,6 @@ import os
 import shutil
 import socket
 import ssl
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,15 +33,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-import yaml
 from kubernetes.client.exceptions import ApiException
 
 from api.constants import ALLOCATION_GATE
 from controller.rest import request as rest
 
+from .chart_workloads import ControllerProcess, token_kubeconfig, workload
 from .cluster import ControlPlane, free_port
 from .k8sobjects import create_namespace
-from .pki import b64
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deployments" / "helm" / "flexmig"
@@ -75,51 +73,21 @@ def api_message(exc: ApiException) -> str:
         return str(exc.reason)
 
 
-def token_kubeconfig(cp: ControlPlane, api: Any, namespace: str, sa: str, path: Path) -> Path:
-    """A kubeconfig with a TokenRequest token of the chart's ServiceAccount `sa`."""
-    body = {
-        "apiVersion": "authentication.k8s.io/v1",
-        "kind": "TokenRequest",
-        "spec": {"expirationSeconds": 3600},
-    }
-    token = rest(api, "POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{sa}/token", body)["status"][
-        "token"
-    ]
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "e2e",
-                "cluster": {"server": cp.server, "certificate-authority-data": b64(cp.pki.ca_pem)},
-            }
-        ],
-        "users": [{"name": sa, "user": {"token": token}}],
-        "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": sa}}],
-        "current-context": "e2e",
-    }
-    path.write_text(yaml.safe_dump(config))
-    path.chmod(0o600)
-    return path
-
-
 @dataclass
 class Installed:
     cp: ControlPlane
     api: Any
     namespace: str
     port: int
-    proc: subprocess.Popen[bytes]
-    log: Path
+    controller: ControllerProcess
 
     def log_text(self) -> str:
-        return self.log.read_text(errors="replace")
+        return self.controller.log_text()
 
     def alive(self) -> None:
-        if self.proc.poll() is not None:
-            raise AssertionError(
-                f"the controller exited ({self.proc.returncode}):\n{self.log_text()[-4000:]}"
-            )
+        proc = self.controller.proc
+        if proc.poll() is not None:
+            raise AssertionError(f"the controller exited ({proc.returncode}):\n{self.log_text()[-4000:]}")
 
 
 @pytest.fixture(scope="module")
@@ -141,26 +109,19 @@ def installed(control_plane: ControlPlane, request: pytest.FixtureRequest) -> It
             "--set", "deviceClasses.mig.enabled=false",
             "--set", "deviceClasses.gpu.enabled=false",
         )  # fmt: skip
-        proc: subprocess.Popen[bytes] | None = None
+        controller: ControllerProcess | None = None
         try:
-            deployment = rest(
-                api, "GET", f"/apis/apps/v1/namespaces/{namespace}/deployments/{RELEASE}-controller"
-            )
-            ctr = deployment["spec"]["template"]["spec"]["containers"][0]
-            config_map = rest(
-                api, "GET", f"/api/v1/namespaces/{namespace}/configmaps/{RELEASE}-device-config"
-            )
-            device_config = workdir / "device-config.yaml"
-            device_config.write_text(config_map["data"]["device-config.yaml"])
+            ctr = workload(api, namespace, "deployments", f"{RELEASE}-controller", "controller")
+            # The device-config ConfigMap copied under workdir, --device-config pointing at the copy.
+            ctr = ctr.localize(api, namespace, workdir / "config")
             kubeconfig = token_kubeconfig(
                 control_plane, api, namespace, f"{RELEASE}-controller", workdir / "kubeconfig"
             )
             # The Deployment's arguments; what only makes sense inside the pod is overridden after
             # them (argparse keeps the last value).
             argv = [
-                sys.executable, "-m", "flexmig", *ctr["args"],
+                sys.executable, "-m", "flexmig", *ctr.args,
                 f"--kubeconfig={kubeconfig}",
-                f"--device-config={device_config}",
                 "--identity=e2e-webhook",
                 "--metrics-port=0",
                 "--webhook-address=127.0.0.1",
@@ -169,18 +130,12 @@ def installed(control_plane: ControlPlane, request: pytest.FixtureRequest) -> It
             argv.append(f"--webhook-port={port}")
             env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBECONFIG", "FLEXMIG_"))}
             env["POD_NAMESPACE"] = namespace
-            log = workdir / "controller.log"
-            with log.open("wb") as out:
-                proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=str(REPO))
-            yield Installed(control_plane, api, namespace, port, proc, log)
+            # Port 0: the metrics are not scraped here.
+            controller = ControllerProcess(argv, env, workdir / "controller.log", metrics_port=0)
+            yield Installed(control_plane, api, namespace, port, controller)
         finally:
-            if proc is not None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            if controller is not None:
+                controller.stop()
             control_plane.helm("uninstall", RELEASE, "-n", namespace, "--timeout", "2m", check=False)
             with contextlib.suppress(ApiException):
                 rest(api, "DELETE", f"/api/v1/namespaces/{namespace}")

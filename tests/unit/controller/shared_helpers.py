@@ -1,11 +1,12 @@
-"""Hami-core nodes as the controller sees them: `gpu-<i>-shared` devices written by hand to contract C1,
-claims of contract C3 shapes, and a mixed MIG + hami-core cluster."""
+"""Hami-core nodes as the controller sees them: `gpu-<i>-shared` devices as the plugin's slice builder
+publishes them (contract C1), claims of contract C3 shapes, and a mixed MIG + hami-core cluster."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-from ctl_helpers import node_slices
+from ctl_helpers import catalogs, node_slices
 
 from api.constants import DRIVER_NAME
 from controller.cel import CelEnvironment
@@ -14,6 +15,8 @@ from controller.inventory import Inventory
 from controller.ledger import Ledger
 from controller.requests import CandidateIndex
 from driver.policy.allocator import PackingPolicy
+from kubeletplugin.nodeconfig import NodeConfig, OperatingMode
+from kubeletplugin.slices import build_node_slices
 
 MIG = "mig.gpu.flexmig.dev"
 HAMI = "hami-core.gpu.flexmig.dev"
@@ -27,44 +30,16 @@ def _class(name: str, kind: str) -> dict[str, Any]:
 CLASSES: dict[str, Any] = {MIG: _class(MIG, "mig"), HAMI: _class(HAMI, "hami-core")}
 
 
-def shared_device(index: int, memory_mib: int, split: int = 10, node: str = "n") -> dict[str, Any]:
-    total = f"{memory_mib}Mi"
-    return {
-        "name": f"gpu-{index}-shared",
-        "allowMultipleAllocations": True,
-        "attributes": {
-            "type": {"string": "hami-core"},
-            "uuid": {"string": f"GPU-{node}-{index}"},
-            "productName": {"string": "NVIDIA A100-SXM4-40GB"},
-            "model": {"string": "A100-40GB"},
-            "architecture": {"string": "ampere"},
-            "index": {"int": index},
-            "splitCount": {"int": split},
-        },
-        "capacity": {
-            "memory": {
-                "value": total,
-                "requestPolicy": {"default": total, "validRange": {"min": "1Mi", "step": "1Mi"}},
-            },
-            "cores": {
-                "value": "100",
-                "requestPolicy": {"default": "0", "validRange": {"min": "0", "max": "100", "step": "1"}},
-            },
-            "shares": {"value": str(split), "requestPolicy": {"default": "1", "validValues": ["1"]}},
-        },
-    }
-
-
 def shared_slice(node: str, memories: list[int], split: int = 10) -> dict[str, Any]:
-    return {
-        "metadata": {"name": f"{node}-{DRIVER_NAME}-shared"},
-        "spec": {
-            "driver": DRIVER_NAME,
-            "nodeName": node,
-            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-            "devices": [shared_device(i, m, split, node) for i, m in enumerate(memories)],
-        },
-    }
+    """The slice the kubelet plugin's builder publishes for a hami-core node whose GPU i has
+    `memories[i]` MiB (A100s otherwise; sizes no A100 has make packing choices visible)."""
+    cats = [
+        dataclasses.replace(c, gpu=dataclasses.replace(c.gpu, memory_total_mib=m))
+        for c, m in zip(catalogs("A100-40GB", len(memories), node), memories, strict=True)
+    ]
+    config = NodeConfig(node, OperatingMode.HAMI_CORE, device_split_count=split)
+    (published,) = build_node_slices(cats, node, 1, config, {}).slices
+    return published.body
 
 
 def decider(

@@ -6,30 +6,17 @@ the simulator, whose call counters prove that a shared prepare never touches MIG
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
+from sim_node import MIG_MUTATIONS, FakeApi, SimNode, make_node
 
 from api.constants import DRIVER_NAME
-from driver.catalog.discover import discover_all
-from driver.hamicore import HamiCorePaths
-from driver.nvml.port import Nvml
-from driver.nvml.sim import SimAdmin, SimGpuSpec, init_sim_state, open_sim
-from kubeletplugin.checkpoint import CheckpointStore
+from driver.nvml.sim import SimGpuSpec
 from kubeletplugin.checkpoint_model import ClaimCheckpoint, ClaimState
-from kubeletplugin.crashpoints import Crashpoints
 from kubeletplugin.grpcserver import ClaimRef
-from kubeletplugin.hamicoresupport import HamiCoreSupport
-from kubeletplugin.inventory import Inventory
-from kubeletplugin.kubeapi import AllocatedDevice, ClaimNotFound, ClaimView, PodRef
-from kubeletplugin.metrics import NodeMetrics
-from kubeletplugin.migmode import MigModeManager
-from kubeletplugin.nvmlops import NvmlOps
-from kubeletplugin.preparer import Preparer
+from kubeletplugin.kubeapi import AllocatedDevice, ClaimView, PodRef
 from kubeletplugin.reconcile import reconcile
 from kubeletplugin.sharedcapacity import SharedShare
 from kubeletplugin.statuswriter import StatusWriter
@@ -38,98 +25,19 @@ NODE = "hami-node"
 UID = "0b4c3a3e-9f5e-4c9e-8a59-1d2c3b4a5f60"
 SHARE_A = "7d9c6c0e-2f4b-4b8e-9d71-5b7e8f0a1c23"
 SHARE_B = "1f0e2d3c-4b5a-4697-8887-a6b5c4d3e2f1"
-MIG_MUTATIONS = ("nvmlDeviceSetMigMode", "nvmlDeviceCreateGpuInstanceWithPlacement", "nvmlGpuInstanceDestroy")
 
 
-class FakeApi:
-    """ClaimApi over dicts: claims by (namespace, name), the status writes it received."""
-
-    def __init__(self) -> None:
-        self.claims: dict[tuple[str, str], ClaimView] = {}
-        self.status: dict[str, list[dict[str, Any]]] = {}
-        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
-
-    def get_claim(self, namespace: str, name: str) -> ClaimView:
-        try:
-            return self.claims[(namespace, name)]
-        except KeyError:
-            raise ClaimNotFound(f"ResourceClaim {namespace}/{name} not found") from None
-
-    def set_device_status(self, claim: ClaimView, devices: list[dict[str, Any]]) -> None:
-        self.status[claim.uid] = devices
-
-    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self.pods.get((namespace, name))
-
+class SharedApi(FakeApi):
     def set_pod_annotation(self, namespace: str, name: str, key: str, value: str | None) -> None:
         raise AssertionError("a shared GPU has no MIG mirror annotation to write")
 
 
-@dataclass
-class Node:
-    nvml: Nvml
-    admin: SimAdmin
-    api: FakeApi
-    store: CheckpointStore
-    metrics: NodeMetrics
-    preparer: Preparer
-    paths: HamiCorePaths
-    cdi_dir: Path
-    migmode: MigModeManager
-    ops: NvmlOps
-    hami: HamiCoreSupport
-
-    def spec(self, uid: str = UID) -> dict[str, Any]:
-        data: dict[str, Any] = json.loads((self.cdi_dir / f"{DRIVER_NAME}-{uid}.json").read_text())
-        return data
-
-    def mig_calls(self) -> dict[str, int]:
-        counts = self.admin.call_counts()
-        return {name: counts.get(name, 0) for name in MIG_MUTATIONS}
-
-    def gauge(self, name: str, gpu: int) -> float | None:
-        uuid = self.nvml.gpu(gpu).uuid
-        return self.metrics.registry.get_sample_value(name, {"gpu": str(gpu), "uuid": uuid})
-
-
-def _make_node(tmp_path: Path, specs: list[SimGpuSpec], library: bool) -> Node:
-    state = tmp_path / "sim.json"
-    init_sim_state(state, specs)
-    nvml = open_sim(state)
-    nvml.init()
-    metrics = NodeMetrics()
-    ops = NvmlOps(nvml, metrics)
-    paths = HamiCorePaths(tmp_path / "host" / "libvgpu.so", tmp_path / "vgpu")
-    if library:
-        paths.library.parent.mkdir(parents=True)
-        paths.library.write_bytes(b"\x7fELF-fake-libvgpu")
-    api = FakeApi()
-    store = CheckpointStore(tmp_path / "state" / "checkpoint.json", "boot-1")
-    # Every name a GPU could have; the plugin restricts this to what it published (main.py).
-    inventory = Inventory.from_catalogs(discover_all(nvml))
-    migmode = MigModeManager(ops, {g.index: g for g in nvml.gpus()}, metrics)
-    hami = HamiCoreSupport(paths, NODE, metrics)
-    preparer = Preparer(
-        node_name=NODE,
-        ops=ops,
-        migmode=migmode,
-        inventory=inventory,
-        store=store,
-        api=api,
-        status=StatusWriter(api, store, metrics, NODE),
-        metrics=metrics,
-        cdi_dir=tmp_path / "cdi",
-        mig_minors=None,
-        crash=Crashpoints(frozenset(), tmp_path / "marker"),
-        hami_core=hami,
-    )
-    return Node(
-        nvml, SimAdmin(state), api, store, metrics, preparer, paths, tmp_path / "cdi", migmode, ops, hami
-    )
+def _make_node(tmp_path: Path, specs: list[SimGpuSpec], library: bool) -> SimNode:
+    return make_node(tmp_path, NODE, specs, api=SharedApi(), hami_library=library)
 
 
 @pytest.fixture
-def node(tmp_path: Path) -> Iterator[Node]:
+def node(tmp_path: Path) -> Iterator[SimNode]:
     n = _make_node(tmp_path, [SimGpuSpec("H100-80GB", mig_enabled=False)] * 2, library=True)
     yield n
     n.preparer.close()
@@ -144,14 +52,14 @@ def _shared(gpu: int, share: str | None, **consumed: str) -> AllocatedDevice:
     return AllocatedDevice("gpus", DRIVER_NAME, NODE, f"gpu-{gpu}-shared", share, consumed)
 
 
-def test_prepare_unprepare_two_shared_gpus(node: Node) -> None:
+def test_prepare_unprepare_two_shared_gpus(node: SimNode) -> None:
     ref = _claim(node.api, _shared(0, SHARE_A, memory="8000Mi", cores="30", shares="1"), _shared(1, SHARE_B))
     result = node.preparer.prepare([ref])[UID]
     assert result.error == ""
     assert [(d.device_name, d.cdi_device_ids) for d in result.devices] == [
         (f"gpu-{i}-shared", [f"{DRIVER_NAME}/mig={UID}-gpu-{i}-shared"]) for i in (0, 1)
     ]
-    spec = node.spec()
+    spec = node.spec(UID)
     env = {d["name"]: d["containerEdits"]["env"] for d in spec["devices"]}
     uuid0, uuid1 = node.nvml.gpu(0).uuid, node.nvml.gpu(1).uuid
     assert env[f"{UID}-gpu-0-shared"] == [
@@ -204,10 +112,10 @@ def test_prepare_unprepare_two_shared_gpus(node: Node) -> None:
     assert node.mig_calls() == dict.fromkeys(MIG_MUTATIONS, 0)
 
 
-def test_two_shares_of_one_gpu_add_up(node: Node) -> None:
+def test_two_shares_of_one_gpu_add_up(node: SimNode) -> None:
     ref = _claim(node.api, _shared(0, SHARE_A, memory="1Gi", cores="20"), _shared(0, SHARE_B, memory="2Gi"))
     assert node.preparer.prepare([ref])[UID].error == ""
-    [dev] = node.spec()["devices"]
+    [dev] = node.spec(UID)["devices"]
     assert dev["containerEdits"]["env"][1:] == [
         "CUDA_DEVICE_MEMORY_LIMIT_0=3072m",
         "CUDA_DEVICE_SM_LIMIT_0=20",
@@ -216,7 +124,7 @@ def test_two_shares_of_one_gpu_add_up(node: Node) -> None:
     assert node.gauge("flexmig_node_shared_gpu_shares_in_use", 0) == 2
 
 
-def test_bad_consumed_capacity_fails_cleanly(node: Node) -> None:
+def test_bad_consumed_capacity_fails_cleanly(node: SimNode) -> None:
     ref = _claim(node.api, _shared(0, SHARE_A, memory="8000k"))
     error = node.preparer.prepare([ref])[UID].error
     assert "device gpu-0-shared share" in error and "consumedCapacity.memory '8000k'" in error
@@ -240,7 +148,7 @@ def test_library_absent_prepares_unenforced_and_says_so(tmp_path: Path) -> None:
     node = _make_node(tmp_path, [SimGpuSpec("A100-40GB", mig_enabled=False)], library=False)
     ref = _claim(node.api, _shared(0, SHARE_A, memory="4000Mi", cores="50"))
     assert node.preparer.prepare([ref])[UID].error == ""
-    spec = node.spec()
+    spec = node.spec(UID)
     assert spec["devices"][0]["containerEdits"]["env"][1:] == [
         "CUDA_DEVICE_MEMORY_LIMIT_0=4000m",
         "CUDA_DEVICE_SM_LIMIT_0=50",
@@ -252,6 +160,7 @@ def test_library_absent_prepares_unenforced_and_says_so(tmp_path: Path) -> None:
     # Installing the library later shows at the next scrape and takes effect without a restart.
     node.paths.library.parent.mkdir(parents=True)
     node.paths.library.write_bytes(b"\x7fELF")
+    assert node.hami is not None
     node.metrics.add_refresher(node.hami.check)
     assert b'flexmig_hami_core_library_present{node="hami-node"} 1.0' in node.metrics.render()
     assert node.paths.preload_file.exists()

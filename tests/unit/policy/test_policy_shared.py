@@ -35,9 +35,9 @@ def _req(
 def test_best_fit_picks_the_gpu_left_with_least_memory() -> None:
     gpus = _gpus({"n": [(16000, 0), (16000, 9000), (16000, 13000)]})
     placed = place_shares(gpus, [_req("r", gpus, 3000)])
-    assert placed.ok and placed.picks[0].gpu == GpuRef("n", 2)
+    assert placed.ok and placed.choices[0].gpu == GpuRef("n", 2)
     placed = place_shares(gpus, [_req("r", gpus, 5000)])
-    assert placed.picks[0].gpu == GpuRef("n", 1)
+    assert placed.choices[0].gpu == GpuRef("n", 1)
 
 
 def test_node_with_tighter_fit_wins_and_empty_nodes_stay_empty() -> None:
@@ -51,16 +51,16 @@ def test_each_share_gets_its_best_fit_and_picks_come_back_in_request_order() -> 
     gpus = _gpus({"n": [(16000, 6000), (16000, 9000)]})
     placed = place_shares(gpus, [_req("small", gpus, 6000), _req("big", gpus, 10000)])
     assert placed.ok
-    by = {p.request: p.gpu.gpu_index for p in placed.picks}
+    by = {p.request: p.gpu.gpu_index for p in placed.choices}
     assert by == {"small": 1, "big": 0}
-    assert [p.request for p in placed.picks] == ["small", "big"]  # in request order
+    assert [p.request for p in placed.choices] == ["small", "big"]  # in request order
 
 
 def test_group_members_never_share_a_gpu_and_backtracking_finds_the_assignment() -> None:
     gpus = _gpus({"n": [(16000, 0), (4000, 0)]})
     reqs = [_req("a", gpus, 1000, group="c"), _req("b", gpus, 3000, group="c")]
     placed = place_shares(gpus, reqs)
-    assert placed.ok and len({p.gpu for p in placed.picks}) == 2
+    assert placed.ok and len({p.gpu for p in placed.choices}) == 2
     three = [*reqs, _req("c", gpus, 10, group="c")]
     refused = place_shares(gpus, three)
     assert refused.reason == ShortReason.NO_SINGLE_NODE
@@ -83,7 +83,7 @@ def test_limits_and_explanations() -> None:
 def test_stranded_memory_is_reported_when_the_last_slot_goes() -> None:
     gpus = _gpus({"n": [(16000, 1000)]}, split=2)
     placed = place_shares(gpus, [_req("a", gpus, 5000)])
-    assert placed.picks[0].stranded_mib == 10000
+    assert placed.choices[0].stranded_mib == 10000
 
 
 @settings(max_examples=60, deadline=None)
@@ -102,11 +102,11 @@ def test_placements_never_exceed_any_gpu_and_stay_on_one_node(
     placed = place_shares(gpus, reqs)
     if not placed.ok:
         return
-    assert len({p.gpu.node for p in placed.picks}) == 1 and len(placed.picks) == len(reqs)
+    assert len({p.gpu.node for p in placed.choices}) == 1 and len(placed.choices) == len(reqs)
     used = {ref: st_.used for ref, st_ in gpus.items()}
-    for p in placed.picks:
+    for p in placed.choices:
         used[p.gpu] = used[p.gpu] + p.amount
     for ref, amount in used.items():
         assert gpus[ref].capacity.covers(amount)
-    groups = [(r.group, p.gpu) for r, p in zip(reqs, placed.picks, strict=True)]
+    groups = [(r.group, p.gpu) for r, p in zip(reqs, placed.choices, strict=True)]
     assert len(set(groups)) == len(groups)

@@ -18,7 +18,7 @@ def test_cheapest_gpu_then_lowest_index_on_a_node() -> None:
     idle = _idle(("n", 0, 0.5), ("n", 1, 0.0), ("n", 2, 0.0))
     req = WholeRequest("r", _refs(("n", 0), ("n", 1), ("n", 2)))
     placement = place_whole(idle, [req])
-    assert [p.gpu for p in placement.picks] == [GpuRef("n", 1)]
+    assert [p.gpu for p in placement.choices] == [GpuRef("n", 1)]
 
 
 def test_cost_before_best_fit_before_name() -> None:

@@ -1,0 +1,129 @@
+"""A node for Preparer tests: the real Preparer on the NVML simulator, with the claim API in memory.
+
+`make_node` builds what the plugin's main wires together (NVML ops, MIG mode manager, inventory of
+every name a GPU could have, checkpoint store, status writer, metrics) and, for a hami-core node, the
+HAMi-core support whose library file the test may leave out.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from api.constants import DRIVER_NAME
+from driver.catalog.discover import discover_all
+from driver.hamicore import HamiCorePaths
+from driver.nvml.port import Nvml
+from driver.nvml.sim import SimAdmin, SimGpuSpec, init_sim_state, open_sim
+from kubeletplugin.checkpoint import CheckpointStore
+from kubeletplugin.crashpoints import Crashpoints
+from kubeletplugin.hamicoresupport import HamiCoreSupport
+from kubeletplugin.inventory import Inventory
+from kubeletplugin.kubeapi import ClaimNotFound, ClaimView
+from kubeletplugin.metrics import NodeMetrics
+from kubeletplugin.migmode import MigModeManager
+from kubeletplugin.nvmlops import NvmlOps
+from kubeletplugin.preparer import Preparer
+from kubeletplugin.statuswriter import StatusWriter
+
+MIG_MUTATIONS = ("nvmlDeviceSetMigMode", "nvmlDeviceCreateGpuInstanceWithPlacement", "nvmlGpuInstanceDestroy")
+
+
+class FakeApi:
+    """ClaimApi over dicts: claims by (namespace, name), the status writes it received."""
+
+    def __init__(self) -> None:
+        self.claims: dict[tuple[str, str], ClaimView] = {}
+        self.status: dict[str, list[dict[str, Any]]] = {}
+        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def get_claim(self, namespace: str, name: str) -> ClaimView:
+        try:
+            return self.claims[(namespace, name)]
+        except KeyError:
+            raise ClaimNotFound(f"ResourceClaim {namespace}/{name} not found") from None
+
+    def set_device_status(self, claim: ClaimView, devices: list[dict[str, Any]]) -> None:
+        self.status[claim.uid] = devices
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.pods.get((namespace, name))
+
+    def set_pod_annotation(self, namespace: str, name: str, key: str, value: str | None) -> None:
+        pass  # no pod is known (get_pod answers None unless a test adds one): nothing to mirror
+
+
+@dataclass
+class SimNode:
+    nvml: Nvml
+    admin: SimAdmin
+    api: FakeApi
+    store: CheckpointStore
+    metrics: NodeMetrics
+    preparer: Preparer
+    paths: HamiCorePaths
+    cdi_dir: Path
+    migmode: MigModeManager
+    ops: NvmlOps
+    hami: HamiCoreSupport | None
+
+    def spec(self, uid: str) -> dict[str, Any]:
+        """The CDI spec written for claim `uid`."""
+        data: dict[str, Any] = json.loads((self.cdi_dir / f"{DRIVER_NAME}-{uid}.json").read_text())
+        return data
+
+    def mig_calls(self) -> dict[str, int]:
+        """How often each NVML call that changes MIG state was made."""
+        counts = self.admin.call_counts()
+        return {name: counts.get(name, 0) for name in MIG_MUTATIONS}
+
+    def gauge(self, name: str, gpu: int) -> float | None:
+        uuid = self.nvml.gpu(gpu).uuid
+        return self.metrics.registry.get_sample_value(name, {"gpu": str(gpu), "uuid": uuid})
+
+
+def make_node(
+    tmp_path: Path,
+    node_name: str,
+    specs: list[SimGpuSpec],
+    *,
+    api: FakeApi | None = None,
+    hami_library: bool | None = None,
+) -> SimNode:
+    """A node of simulated `specs`; with HAMi-core support unless `hami_library` is None, the library
+    file present when it is True. The caller closes `preparer`."""
+    state = tmp_path / "sim.json"
+    init_sim_state(state, specs)
+    nvml = open_sim(state)
+    nvml.init()
+    metrics = NodeMetrics()
+    ops = NvmlOps(nvml, metrics)
+    paths = HamiCorePaths(tmp_path / "host" / "libvgpu.so", tmp_path / "vgpu")
+    if hami_library:
+        paths.library.parent.mkdir(parents=True)
+        paths.library.write_bytes(b"\x7fELF-fake-libvgpu")
+    api = api or FakeApi()
+    store = CheckpointStore(tmp_path / "state" / "checkpoint.json", "boot-1")
+    # Every name a GPU could have; the plugin restricts this to what it published (main.py).
+    inventory = Inventory.from_catalogs(discover_all(nvml))
+    migmode = MigModeManager(ops, {g.index: g for g in nvml.gpus()}, metrics)
+    hami = None if hami_library is None else HamiCoreSupport(paths, node_name, metrics)
+    preparer = Preparer(
+        node_name=node_name,
+        ops=ops,
+        migmode=migmode,
+        inventory=inventory,
+        store=store,
+        api=api,
+        status=StatusWriter(api, store, metrics, node_name),
+        metrics=metrics,
+        cdi_dir=tmp_path / "cdi",
+        mig_minors=None,
+        crash=Crashpoints(frozenset(), tmp_path / "marker"),
+        hami_core=hami,
+    )
+    return SimNode(
+        nvml, SimAdmin(state), api, store, metrics, preparer, paths, tmp_path / "cdi", migmode, ops, hami
+    )
