@@ -23,7 +23,7 @@ from controller.rest import request
 
 from .cluster import ControlPlane, wait_until
 from .pki import b64
-from .plugin_harness import REPO, NodeDir, scrape
+from .plugin_harness import REPO, NodeDir, scrape, stop_process
 
 
 @dataclass(frozen=True)
@@ -163,12 +163,6 @@ class ControllerProcess:
         wait_until(leading, timeout_s, "the controller to lead")
 
     def stop(self, timeout_s: float = 20.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        code = stop_process(self.proc, timeout_s)
         self._log.close()
-        return int(self.proc.returncode)
+        return code
