@@ -56,19 +56,25 @@ def claim(
     count: int = 1,
     constraints: list[dict[str, Any]] | None = None,
     first_available: list[dict[str, Any]] | None = None,
+    *,
+    exactly: dict[str, Any] | None = None,
+    config: list[dict[str, Any]] | None = None,
+    request_name: str = "gpu",
 ) -> dict[str, Any]:
-    body: dict[str, Any] = {"deviceClassName": CLASS, "count": count}
-    if selector:
-        body["selectors"] = [{"cel": {"expression": selector}}]
-    request: dict[str, Any] = {"name": "gpu"}
+    """A claim with one request: `exactly` (default: CLASS, `count`, `selector`) or `first_available`."""
+    if exactly is None:
+        exactly = {"deviceClassName": CLASS, "count": count}
+        if selector:
+            exactly["selectors"] = [{"cel": {"expression": selector}}]
+    request: dict[str, Any] = {"name": request_name}
     if first_available is not None:
         request["firstAvailable"] = first_available
     else:
-        request["exactly"] = body
-    return {
-        "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"},
-        "spec": {"devices": {"requests": [request], "constraints": constraints or []}},
-    }
+        request["exactly"] = exactly
+    devices: dict[str, Any] = {"requests": [request], "constraints": constraints or []}
+    if config is not None:
+        devices["config"] = config
+    return {"metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"}, "spec": {"devices": devices}}
 
 
 def mem(mib: int) -> str:

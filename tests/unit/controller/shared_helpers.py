@@ -7,6 +7,7 @@ import dataclasses
 from typing import Any
 
 from ctl_helpers import catalogs, node_slices
+from ctl_helpers import claim as ctl_claim
 
 from api.constants import DRIVER_NAME
 from controller.cel import CelEnvironment
@@ -87,17 +88,15 @@ def claim(
     constraints: list[dict[str, Any]] | None = None,
     config: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    request: dict[str, Any] = {"name": "gpus"}
-    if first_available is not None:
-        request["firstAvailable"] = first_available
-    else:
-        request["exactly"] = exactly
-    return {
-        "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"},
-        "spec": {
-            "devices": {"requests": [request], "constraints": constraints or [], "config": config or []}
-        },
-    }
+    """A claim of the shim's shape: one request named `gpus`."""
+    return ctl_claim(
+        name,
+        constraints=constraints,
+        first_available=first_available,
+        exactly=exactly,
+        config=config or [],
+        request_name="gpus",
+    )
 
 
 def any_claim(name: str, mig_memory: int, hami: dict[str, Any], distinct: bool = False) -> dict[str, Any]:
