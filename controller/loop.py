@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,18 +26,20 @@ from kubernetes.client.exceptions import ApiException
 from api.constants import ANNOTATION_MIG_ALLOCATIONS
 from controller.cel import CelEnvironment
 from controller.deallocate import deallocate, has_finalizer, needs_attention
-from controller.decide import ClaimAllocation, Decider, Decision, node_selector
+from controller.decide import ClaimAllocation, ControllerReason, Decider, Decision, node_selector
 from controller.inventory import Inventory
 from controller.ledger import Held, Ledger, claim_holdings
 from controller.metrics import ControllerMetrics, Snapshot, instance_rows
 from controller.nodefilter import NodeFilter, PodRules, pinned_nodes
 from controller.podclaims import (
     ClaimsPending,
+    allocation_results,
     claim_names,
     is_gated,
     is_terminal,
     mirror_annotation,
     referenced_claims,
+    split_share_problem,
 )
 from controller.requests import CandidateIndex
 from controller.watchcache import Event, WatchCache, object_key
@@ -243,6 +245,17 @@ class Controller:
                 parts = [decision.message] + ([f"excluded for this pod: {excluded}"] if excluded else [])
                 message = "; ".join(p for p in parts if p)
                 self._unplaced(pod, pending, str(decision.reason), message)
+                return
+            results: dict[str, Iterable[Mapping[str, Any]]] = {
+                e: allocation_results(c) for e, c in claims.items()
+            }
+            by_uid = {a.uid: a.results for a in decision.allocations}
+            results.update(
+                {e: by_uid[c["metadata"]["uid"]] for e, c in claims.items() if c["metadata"]["uid"] in by_uid}
+            )
+            problem = split_share_problem(pod, results)
+            if problem:
+                self._unplaced(pod, pending, ControllerReason.INVALID_REQUEST.value, problem)
                 return
             written = self._write_claims(pod, decision)
             if written is None:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from api.constants import ALLOCATION_GATE, DRIVER_NAME, DeviceKind
+from api.constants import ALLOCATION_GATE, DRIVER_NAME, DeviceKind, parse_device_name
 from controller.inventory import Inventory
 from driver.migannotation import MigAllocationRecord, encode_mig_allocations
 
@@ -39,6 +39,49 @@ def claim_names(pod: Obj) -> dict[str, str]:
             if status.get("resourceClaimName"):  # unset: no claim needed for this entry
                 out[entry["name"]] = status["resourceClaimName"]
     return out
+
+
+def _has_share(results: Iterable[Mapping[str, Any]]) -> bool:
+    for r in results:
+        if r.get("driver") != DRIVER_NAME:
+            continue
+        try:
+            if parse_device_name(str(r.get("device"))).kind is DeviceKind.SHARED:
+                return True
+        except ValueError:
+            continue
+    return False
+
+
+def allocation_results(claim: Obj) -> list[Mapping[str, Any]]:
+    alloc = (claim.get("status") or {}).get("allocation") or {}
+    return list((alloc.get("devices") or {}).get("results") or ())
+
+
+def split_share_problem(pod: Obj, results_by_entry: Mapping[str, Iterable[Mapping[str, Any]]]) -> str | None:
+    """Why the pod cannot run as allocated when a container would get HAMi-core shares from more than one
+    claim (None when none would).
+
+    HAMi-core's limits are environment variables numbered by the container's visible GPUs
+    (`CUDA_DEVICE_MEMORY_LIMIT_<k>`); each claim's CDI spec numbers its own devices from 0, so a runtime
+    merging two such claims keeps one claim's value for the other's GPU, possibly a larger limit. Such a
+    pod is refused rather than run with limits nobody asked for. `results_by_entry` maps pod claim entry
+    names to their allocation results.
+    """
+    spec = pod.get("spec") or {}
+    shared = {entry for entry, results in results_by_entry.items() if _has_share(results)}
+    split = []
+    for kind in ("initContainers", "containers"):
+        for container in spec.get(kind) or ():
+            used = {c.get("name") for c in (container.get("resources") or {}).get("claims") or ()}
+            if len(used & shared) > 1:
+                split.append(str(container.get("name")))
+    if not split:
+        return None
+    return (
+        f"container(s) {', '.join(split)} would get HAMi-core shares from more than one claim; HAMi-core "
+        "limits are per container, so give each container one hami-core claim (with any number of GPUs)"
+    )
 
 
 def referenced_claims(pod: Obj) -> set[str]:

@@ -168,3 +168,28 @@ def test_a_pod_waits_for_memory_and_is_placed_once_it_is_freed(env: dict[str, An
         lambda: True if _allocation(env, "big-1") is None else None, 60, "big-1's claim to be deallocated"
     )
     assert eventually(lambda: _bound(env, "big-2"), 60, "big-2 bound after release") == env["node"]
+
+
+def test_one_container_with_shares_from_two_claims_is_refused(env: dict[str, Any]) -> None:
+    eventually(env["elector"].is_leader, 30, "leadership")
+    api, ns = env["api"], env["ns"]
+    core: Any = k8s.CoreV1Api(api)
+    for name in ("two-a", "two-b"):
+        create(api, ns, "resourceclaims", _claim(name, {"exactly": _hami(env["hami"], 1, 1000, 0)}))
+    pod = pod_body("two-claims", "two-a", gates=[ALLOCATION_GATE])
+    pod["spec"]["resourceClaims"].append({"name": "second", "resourceClaimName": "two-b"})
+    pod["spec"]["containers"][0]["resources"]["claims"].append({"name": "second"})
+    create(api, ns, "pods", pod)
+
+    def condition() -> Any:
+        status = core.read_namespaced_pod("two-claims", ns).status
+        conds = [c for c in status.conditions or [] if c.type == CONDITION_TYPE]
+        return conds[0] if conds and conds[0].status == "False" else None
+
+    cond = eventually(condition, 60, "the pod to be refused")
+    assert (
+        cond.reason == "InvalidRequest" and "more than one claim" in cond.message and "main" in cond.message
+    )
+    # Nothing half-done: neither claim was allocated, the pod stays gated.
+    assert _allocation(env, "two-a") is None and _allocation(env, "two-b") is None
+    core.delete_namespaced_pod("two-claims", ns, grace_period_seconds=0)
