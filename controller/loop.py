@@ -291,6 +291,11 @@ class Controller:
             log.info("claim changed while allocating, retrying", pod=object_key(pod), status=exc.status)
             self._rollback(done, protected, decision.allocations)
             return None
+        except BaseException:
+            # A timeout or a dropped connection: all or nothing still holds, so undo what was written
+            # (a write whose outcome is unknown is seen again through the watch).
+            self._rollback(done, protected, decision.allocations)
+            raise
         out = {}
         for claim in done:
             self.cache.stores["resourceclaims"].apply(Event("resourceclaims", "MODIFIED", obj=claim))
@@ -316,12 +321,12 @@ class Controller:
         for claim in done:
             try:
                 self.writer.unprotect_claim(self.writer.write_allocation(claim, None))
-            except ApiException as exc:  # left for the deallocation pass, which sees our finalizer
+            except Exception as exc:  # left for the deallocation pass, which sees our finalizer
                 log.warning("rollback failed", claim=object_key(claim), error=str(exc))
         for claim in protected:
             try:
                 self.writer.unprotect_claim(claim)
-            except ApiException as exc:
+            except Exception as exc:
                 log.warning("rollback failed", claim=object_key(claim), error=str(exc))
         for alloc in allocs:
             self.ledger.forget(alloc.uid)
@@ -347,20 +352,11 @@ class Controller:
         self.cache.stores["pods"].apply(Event("pods", "MODIFIED", obj=released))
         self.pending.pop(object_key(pod), None)
         self.metrics.allocation_latency.observe(time.monotonic() - pending.first_seen)
-        nodes = {
-            f["values"][0]
-            for c in claims.values()
-            for t in (((c.get("status") or {}).get("allocation") or {}).get("nodeSelector") or {}).get(
-                "nodeSelectorTerms"
-            )
-            or ()
-            for f in t.get("matchFields") or ()
-        }
-        log.info("pod released", pod=object_key(pod), nodes=sorted(nodes), claims=sorted(claims))
+        pins = pinned_nodes(claims.values())
+        where = pins.description if pins is not None else "on any node"
+        log.info("pod released", pod=object_key(pod), where=where, claims=sorted(claims))
         if pending.reason:
-            self.writer.set_condition(
-                released, "True", "Allocated", f"allocated on {', '.join(sorted(nodes))}"
-            )
+            self.writer.set_condition(released, "True", "Allocated", f"allocated {where}")
 
     def _unplaced(self, pod: Obj, pending: Pending, reason: str, message: str) -> None:
         if (pending.reason, pending.message) == (reason, message):

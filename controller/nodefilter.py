@@ -289,25 +289,56 @@ class PodRules:
         return None
 
 
-def pinned_nodes(allocated_claims: Iterable[Mapping[str, Any]]) -> frozenset[str] | None:
-    """The nodes the pod's already-allocated claims leave (their `metadata.name In` node selectors
-    intersected); None when no claim fixes the node."""
-    pinned: frozenset[str] | None = None
+@dataclass(frozen=True, slots=True)
+class ClaimPins:
+    """The node selectors of the pod's already-allocated claims: a node must match every one of them
+    (each selector's terms ORed, as kube-scheduler evaluates an allocation's nodeSelector)."""
+
+    selectors: tuple[tuple[Term, ...], ...]
+    description: str  # for messages, e.g. "on gpu-node-3"
+
+    def allows(self, labels: Mapping[str, str], name: str) -> bool:
+        return all(any(t.matches(labels, name) for t in terms) for terms in self.selectors)
+
+
+def _describe(terms: Sequence[Term]) -> str:
+    names = sorted(
+        {
+            v
+            for t in terms
+            for r in t.fields
+            if r.key == "metadata.name" and r.operator == "In"
+            for v in r.values
+        }
+    )
+    if names and all(not t.expressions for t in terms):
+        return "on " + ", ".join(names)
+    return "on nodes their selectors choose"
+
+
+def pinned_nodes(allocated_claims: Iterable[Mapping[str, Any]]) -> ClaimPins | None:
+    """What the pod's already-allocated claims leave of the cluster; None when none restricts it.
+
+    A selector that does not parse selects no node (the pod cannot use that claim anywhere)."""
+    selectors: list[tuple[Term, ...]] = []
+    parts: list[str] = []
     for claim in allocated_claims:
-        selector = ((claim.get("status") or {}).get("allocation") or {}).get("nodeSelector") or {}
-        for term in selector.get("nodeSelectorTerms") or ():
-            for field in term.get("matchFields") or ():
-                if field.get("key") == "metadata.name" and field.get("operator") == "In":
-                    values = frozenset(field.get("values") or ())
-                    pinned = values if pinned is None else pinned & values
-    return pinned
+        selector = ((claim.get("status") or {}).get("allocation") or {}).get("nodeSelector")
+        if not selector:
+            continue  # allocated without a node selector: available on every node
+        terms, _ = _parse_terms(selector.get("nodeSelectorTerms") or ())
+        selectors.append(terms)
+        parts.append(_describe(terms) if terms else "on no node")
+    if not selectors:
+        return None
+    return ClaimPins(tuple(selectors), "; ".join(sorted(set(parts))))
 
 
 class NodeFilter:
     """The `node_ok` the Decider asks per node; remembers why each node it refused was excluded."""
 
     def __init__(
-        self, rules: PodRules, nodes: Mapping[str, Mapping[str, Any]], pinned: frozenset[str] | None = None
+        self, rules: PodRules, nodes: Mapping[str, Mapping[str, Any]], pinned: ClaimPins | None = None
     ) -> None:
         self.rules = rules
         self.nodes = nodes
@@ -320,10 +351,9 @@ class NodeFilter:
         if obj is None:
             return Exclusion(FilterPlugin.NODE_UNKNOWN)
         found = self.rules.check(obj)
-        if found is None and self.pinned is not None and node not in self.pinned:
-            found = Exclusion(
-                FilterPlugin.ALLOCATED_CLAIMS, f"on {', '.join(sorted(self.pinned)) or 'no node'}"
-            )
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        if found is None and self.pinned is not None and not self.pinned.allows(labels, node):
+            found = Exclusion(FilterPlugin.ALLOCATED_CLAIMS, self.pinned.description)
         return found
 
     def __call__(self, node: str) -> bool:
@@ -359,6 +389,7 @@ class NodeFilter:
 
 __all__ = [
     "REASONS",
+    "ClaimPins",
     "Exclusion",
     "FilterPlugin",
     "NodeFilter",

@@ -290,15 +290,56 @@ def test_unknown_toleration_operator_is_reported() -> None:
 
 
 def allocated_on(*names: str) -> dict[str, Any]:
-    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": list(names)}]}
-    return {"status": {"allocation": {"nodeSelector": {"nodeSelectorTerms": [term]}}}}
+    """An allocation available on any of `names` (one term each: matchFields takes exactly one value)."""
+    terms = [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [n]}]} for n in names]
+    return {"status": {"allocation": {"nodeSelector": {"nodeSelectorTerms": terms}}}}
+
+
+def allowed(pins: Any, names: str = "abc", labels: dict[str, str] | None = None) -> set[str]:
+    return {n for n in names if pins.allows(labels or {}, n)}
 
 
 def test_pinned_nodes_intersect() -> None:
     assert pinned_nodes([]) is None
     assert pinned_nodes([{"status": {"allocation": {}}}]) is None
-    assert pinned_nodes([allocated_on("a", "b"), allocated_on("b", "c")]) == frozenset({"b"})
-    assert pinned_nodes([allocated_on("a"), allocated_on("c")]) == frozenset()
+    assert allowed(pinned_nodes([allocated_on("a", "b"), allocated_on("b", "c")])) == {"b"}
+    assert allowed(pinned_nodes([allocated_on("a"), allocated_on("c")])) == set()
+    assert pinned_nodes([allocated_on("a"), allocated_on("c")]).description == "on a; on c"
+    # matchFields with two values is invalid (the API allows exactly one): it selects no node.
+    two_values = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["a", "b"]}]}
+    invalid = {"status": {"allocation": {"nodeSelector": {"nodeSelectorTerms": [two_values]}}}}
+    assert allowed(pinned_nodes([invalid])) == set()
+
+
+def test_pinned_terms_are_ored_and_labels_count() -> None:
+    # One selector with two terms (a OR c); another claim's selector by label.
+    two_terms = {
+        "status": {
+            "allocation": {
+                "nodeSelector": {
+                    "nodeSelectorTerms": [
+                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["a"]}]},
+                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["c"]}]},
+                    ]
+                }
+            }
+        }
+    }
+    assert allowed(pinned_nodes([two_terms])) == {"a", "c"}
+    by_label = {
+        "status": {
+            "allocation": {
+                "nodeSelector": {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z1"]}]}
+                    ]
+                }
+            }
+        }
+    }
+    pins = pinned_nodes([two_terms, by_label])
+    assert allowed(pins, labels={"zone": "z1"}) == {"a", "c"}
+    assert allowed(pins, labels={"zone": "z2"}) == set()
 
 
 def test_node_filter_reasons_and_summary() -> None:
@@ -330,7 +371,7 @@ def test_node_filter_pins_and_asks_each_node_once() -> None:
             calls.append(key)
             return super().get(key, default)
 
-    filt = NodeFilter(PodRules(), Nodes({"a": node("a"), "b": node("b")}), frozenset({"b"}))
+    filt = NodeFilter(PodRules(), Nodes({"a": node("a"), "b": node("b")}), pinned_nodes([allocated_on("b")]))
     assert [filt(n) for n in ("a", "b", "a", "b")] == [False, True, False, True]
     assert calls == ["a", "b"]
     assert filt.summary() == "1 node(s) were not the node the pod's allocated claims are on (a: on b)"
