@@ -30,7 +30,7 @@ from controller.decide import ClaimAllocation, ControllerReason, Decider, Decisi
 from controller.inventory import Inventory
 from controller.ledger import Held, Ledger, claim_holdings
 from controller.metrics import ControllerMetrics, Snapshot, instance_rows
-from controller.nodefilter import NodeFilter, PodRules, pinned_nodes
+from controller.nodefilter import NodeFilter, PodRules, pinned_nodes, schedulable_view
 from controller.podclaims import (
     ClaimsPending,
     allocation_results,
@@ -110,7 +110,8 @@ class Controller:
             self.index = CandidateIndex(self.ledger.inventory, self.cel)
             return True
         if resource == "nodes":
-            return True
+            # Heartbeats change node status every few seconds; only what the node filter reads matters.
+            return schedulable_view(old) != schedulable_view(new)
         if resource == "resourceclaims":
             obj = new or old
             assert obj is not None

@@ -334,6 +334,15 @@ def pinned_nodes(allocated_claims: Iterable[Mapping[str, Any]]) -> ClaimPins | N
     return ClaimPins(tuple(selectors), "; ".join(sorted(set(parts))))
 
 
+def schedulable_view(node: Mapping[str, Any] | None) -> tuple[Any, ...] | None:
+    """What this module reads of a node (a change to anything else cannot change a verdict): its labels, taints and unschedulable flag."""
+    if node is None:
+        return None
+    spec = node.get("spec") or {}
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    return (sorted(labels.items()), repr(spec.get("taints") or []), bool(spec.get("unschedulable")))
+
+
 class NodeFilter:
     """The `node_ok` the Decider asks per node; remembers why each node it refused was excluded."""
 
@@ -397,4 +406,5 @@ __all__ = [
     "Taint",
     "Toleration",
     "pinned_nodes",
+    "schedulable_view",
 ]

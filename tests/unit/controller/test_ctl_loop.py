@@ -1,4 +1,5 @@
-"""All or nothing when writing a pod's claims fails half-way (API error or a dropped connection)."""
+"""The allocation loop with its API writes in memory: all or nothing when a write fails half-way, and
+which node changes make pending pods be decided again."""
 
 from __future__ import annotations
 
@@ -124,3 +125,24 @@ def test_the_pod_is_allocated_when_nothing_fails() -> None:
     ctl._process_pod("ns/p")
     assert all(writer.claims[n]["status"]["allocation"] for n in ("a", "b"))
     assert writer.released
+
+
+def test_only_node_changes_the_filter_reads_wake_pending_pods() -> None:
+    from controller.loop import Pending
+
+    claims = [claim("a", 'device.attributes["gpu.flexmig.dev"].profile == "1g.5gb"')]
+    ctl = _controller(FlakyWriter({"a": claims[0]}, TimeoutError(), fail_on=99), claims)
+    ctl.pending["ns/p"] = Pending(0.0)
+    before = {"metadata": {"name": "n1"}, "spec": {}}
+    heartbeat = {"metadata": {"name": "n1"}, "spec": {}, "status": {"conditions": [{"type": "Ready"}]}}
+    ctl.dirty.clear()
+    ctl.apply([Event("nodes", "MODIFIED", obj=heartbeat)])
+    assert ctl.dirty == set()
+    tainted = {**heartbeat, "spec": {"taints": [{"key": "k", "effect": "NoSchedule"}]}}
+    ctl.apply([Event("nodes", "MODIFIED", obj=tainted)])
+    assert ctl.dirty == {"ns/p"}
+    ctl.dirty.clear()
+    ctl.apply(
+        [Event("nodes", "MODIFIED", obj={**before, "metadata": {"name": "n1", "labels": {"zone": "z"}}})]
+    )
+    assert ctl.dirty == {"ns/p"}
