@@ -1,6 +1,10 @@
 """Reading HAMi's legacy requests (`nvidia.com/gpu`, `gpumem`, `gpumem-percentage`, `gpucores` and the
 `nvidia.com/vgpu-mode` annotation) into one `Shape` per container, or a denial that says what to fix.
 
+`nvidia.com/priority` (HAMi: 0 high, 1 low) is validated and removed with the others but has no
+effect; any other `nvidia.com/*` resource on such a container is denied, because no node advertises
+it once the GPUs come from a claim, and the pod would stay Pending holding its devices.
+
 Values are read as Kubernetes quantities because the API server hands the webhook canonical quantity
 strings: a user's `nvidia.com/gpumem: 8000` arrives as "8k". What must come out is a whole number: "1.5"
 (canonically "1500m") or "abc" is denied. `gpumem` is a number of MiB, as in HAMi, so a binary suffix
@@ -29,6 +33,11 @@ from controller.quantity import QuantityError, parse_quantity
 from controller.shim.defaults import ShimDefaults
 
 LEGACY_RESOURCES = (RESOURCE_GPU, RESOURCE_GPUMEM, RESOURCE_GPUMEM_PERCENTAGE, RESOURCE_GPUCORES)
+"""The resources that make a container a legacy GPU container (and get it rewritten)."""
+RESOURCE_PRIORITY = "nvidia.com/priority"
+REMOVED_RESOURCES = (*LEGACY_RESOURCES, RESOURCE_PRIORITY)
+"""Every resource the rewrite takes out of such a container; other `nvidia.com/*` keys are denied."""
+_VENDOR_PREFIX = "nvidia.com/"
 MAX_GPUS = 32  # the API's limit on allocation results per claim
 MAX_GPUMEM_MIB = 2**30  # 1 PiB; anything above is a typo, and it keeps template names short
 _BINARY_SUFFIX = re.compile(r"[KMGTPE]i$")
@@ -103,6 +112,7 @@ _RANGES: dict[str, tuple[int, int, str]] = {
     RESOURCE_GPUMEM: (0, MAX_GPUMEM_MIB, "a whole number of MiB per GPU, e.g. 8000 (HAMi's unit)"),
     RESOURCE_GPUMEM_PERCENTAGE: (1, 100, "a whole percent of each GPU's memory"),
     RESOURCE_GPUCORES: (0, 100, "a whole percent of each GPU's compute"),
+    RESOURCE_PRIORITY: (0, 1, "HAMi's task priority, 0 high or 1 low; accepted and ignored"),
 }
 
 
@@ -145,7 +155,19 @@ def _legacy_values(who: str, container: Mapping[str, Any], errors: list[str]) ->
     limits = resources.get("limits") or {}
     requests = resources.get("requests") or {}
     values: dict[str, int] = {}
-    for key in LEGACY_RESOURCES:
+    unknown = sorted(
+        {
+            str(k)
+            for k in (*limits, *requests)
+            if str(k).startswith(_VENDOR_PREFIX) and k not in REMOVED_RESOURCES
+        }
+    )
+    if unknown:
+        errors.append(
+            f"{who}: {', '.join(unknown)} cannot be combined with {RESOURCE_GPU} under flexmig "
+            f"(allowed nvidia.com resources: {', '.join(REMOVED_RESOURCES)})"
+        )
+    for key in REMOVED_RESOURCES:
         in_limits = _read(who, key, "limits", limits[key], errors) if key in limits else None
         # The API server copies extended-resource limits into requests: the same value is read once,
         # so a denial names each problem once.
@@ -191,6 +213,11 @@ def container_shape(
             raise AdmissionDenied(
                 f"{who}: {RESOURCE_GPU} is 0 but {', '.join(others)} is given "
                 f"(allowed: {RESOURCE_GPU}: 1..{MAX_GPUS} with them, or remove them)"
+            )
+        if RESOURCE_PRIORITY in values:
+            # The container is left as written, and no node advertises nvidia.com/priority.
+            raise AdmissionDenied(
+                f"{who}: {RESOURCE_GPU} is 0 but {RESOURCE_PRIORITY} is given (allowed: remove it)"
             )
         return None  # asks for nothing; the scheduler ignores zero requests, so it is left as written
     mib = values.get(RESOURCE_GPUMEM)

@@ -1,8 +1,8 @@
 """The pod rewrite: legacy `nvidia.com/*` containers onto ResourceClaims, and the allocation gate.
 
 Pure: the webhook hands in the pod of an admission request (CREATE only), the namespace, the
-device-config defaults and a lookup that tells whether an existing pod claim uses a flexmig
-DeviceClass; it gets back an RFC 6902 patch, the templates that must exist first, and a log line.
+device-config defaults and a lookup that tells whether a pod claim uses a flexmig DeviceClass
+(None: the claim or template does not exist, which is denied); it gets back an RFC 6902 patch, the templates that must exist first, and a log line.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 from api.constants import ALLOCATION_GATE, DNS_LABEL_MAX
 from controller.shim.defaults import ShimDefaults
 from controller.shim.legacy import (
-    LEGACY_RESOURCES,
+    REMOVED_RESOURCES,
     AdmissionDenied,
     Shape,
     container_shape,
@@ -62,13 +62,13 @@ def _claim_name(container_name: str, taken: set[str]) -> str:
 
 
 def _rewritten_resources(resources: Mapping[str, Any] | None, claim: str) -> dict[str, Any]:
-    """The container's resources without the legacy keys (an emptied limits/requests map is dropped:
+    """The container's resources without the legacy keys and nvidia.com/priority (an emptied limits/requests map is dropped:
     an empty map and no map mean the same to Kubernetes) and with the claim added."""
     out: dict[str, Any] = dict(resources or {})
     for part in ("limits", "requests"):
         if part not in out:
             continue
-        kept = {k: v for k, v in (out[part] or {}).items() if k not in LEGACY_RESOURCES}
+        kept = {k: v for k, v in (out[part] or {}).items() if k not in REMOVED_RESOURCES}
         if kept:
             out[part] = kept
         else:
@@ -113,6 +113,35 @@ def _rewrites(
     return out
 
 
+def _flexmig_claims(
+    entries: Sequence[Any], namespace: str, claim_uses_flexmig: Callable[[Mapping[str, Any]], bool | None]
+) -> list[str]:
+    """Names of the pod claims that use flexmig devices. A claim or template that does not exist yet
+    is denied: admitted ungated, kube-scheduler would allocate flexmig devices behind the controller
+    once it appears. The denial is retryable; controllers (Jobs, Deployments) create the pod again."""
+    ours: list[str] = []
+    missing: list[str] = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, Mapping):
+            continue
+        answer = claim_uses_flexmig(entry)
+        if answer is True:
+            ours.append(str(entry.get("name")))
+        elif answer is None:
+            field = "resourceClaimName" if entry.get("resourceClaimName") else "resourceClaimTemplateName"
+            kind = "ResourceClaim" if field == "resourceClaimName" else "ResourceClaimTemplate"
+            missing.append(
+                f"spec.resourceClaims[{i}].{field}: {kind} {entry.get(field)!r} does not exist in "
+                f"namespace {namespace!r}"
+            )
+    if missing:
+        raise AdmissionDenied(
+            "; ".join(missing) + " (create it before the pod; flexmig must know whether it asks for "
+            "flexmig devices, and controllers retry the pod)"
+        )
+    return ours
+
+
 def mutate_pod(
     pod: Mapping[str, Any],
     namespace: str,
@@ -132,7 +161,7 @@ def mutate_pod(
         )
     rewrites = _rewrites(spec, metadata.get("annotations"), defaults)
     existing = [c for c in spec.get("resourceClaims") or [] if isinstance(c, Mapping)]
-    ours = [str(c.get("name")) for c in existing if claim_uses_flexmig(c) is True]
+    ours = _flexmig_claims(spec.get("resourceClaims") or [], namespace, claim_uses_flexmig)
     if not rewrites and not ours:
         return MutationResult([], (), False, "no GPU request and no flexmig claim: unchanged")
     if spec.get("nodeName"):

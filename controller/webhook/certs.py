@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -75,6 +76,20 @@ def _load_one(pem: bytes, what: str) -> x509.Certificate:
         return x509.load_pem_x509_certificate(pem)
     except ValueError as exc:
         raise CertError(f"{what}: not a PEM certificate ({exc})") from exc
+
+
+def check_key(cert: x509.Certificate, key_pem: bytes, what: str, *, ec_only: bool = False) -> None:
+    """Raise CertError naming `what` unless key_pem is an unencrypted PEM private key whose public
+    key is the certificate's (and, with ec_only, an EC key, the only kind `issue_serving` signs with)."""
+    try:
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:  # TypeError: encrypted
+        raise CertError(f"{what}: not an unencrypted PEM private key ({exc})") from exc
+    if ec_only and not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise CertError(f"{what}: not an EC private key")
+    fmt = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    if key.public_key().public_bytes(*fmt) != cert.public_key().public_bytes(*fmt):
+        raise CertError(f"{what}: does not belong to the certificate (its public key differs)")
 
 
 def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:

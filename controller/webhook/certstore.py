@@ -18,7 +18,7 @@ import binascii
 import datetime as dt
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import structlog
 from kubernetes.client.exceptions import ApiException
@@ -29,12 +29,14 @@ from controller.webhook.certs import (
     CertBundle,
     CertError,
     CertPolicy,
+    check_key,
     generate,
     rotate,
     rotation_reason,
 )
 
 log = structlog.get_logger(__name__)
+T = TypeVar("T")
 
 KEYS = {"ca_pem": "ca.crt", "ca_key_pem": "ca.key", "cert_pem": "tls.crt", "key_pem": "tls.key"}
 MANAGED_LABELS = {"app.kubernetes.io/managed-by": "flexmig", "app.kubernetes.io/component": "webhook-cert"}
@@ -66,10 +68,25 @@ def bundle_from_secret(secret: dict[str, Any]) -> CertBundle:
         except (binascii.Error, ValueError) as exc:
             raise CertError(f"data.{key}: not base64 ({exc})") from exc
     bundle = CertBundle(**values)
-    # Parse now, so a broken Secret is reported (and replaced) here and not at serve time.
-    bundle.serving  # noqa: B018
-    bundle.trust  # noqa: B018
+    # Parse and pair now, so a broken Secret is reported (and the leader replaces it) here, and not
+    # at serve time or as a rotation that fails every round.
+    serving = _named("data.tls.crt", lambda: bundle.serving)
+    trust = _named("data.ca.crt", lambda: bundle.trust)
+    if not trust:
+        raise CertError("data.ca.crt: no certificate")
+    check_key(serving, bundle.key_pem, "data.tls.key")
+    check_key(
+        trust[0], bundle.ca_key_pem, "data.ca.key (for the first certificate of data.ca.crt)", ec_only=True
+    )
     return bundle
+
+
+def _named(field: str, load: Callable[[], T]) -> T:
+    """load(), with a CertError's message prefixed by the Secret field or file it came from."""
+    try:
+        return load()
+    except CertError as exc:
+        raise CertError(f"{field}: {exc}") from exc
 
 
 def secret_data(bundle: CertBundle) -> dict[str, str]:
@@ -184,7 +201,8 @@ class DirCertSource:
             cert, key = files[0].read_bytes(), files[1].read_bytes()
             ca = files[2].read_bytes() if files[2].exists() else b""
             bundle = CertBundle(ca_pem=ca, ca_key_pem=b"", cert_pem=cert, key_pem=key)
-            bundle.serving  # noqa: B018 - fail here, with the file named, rather than at serve time
+            # Fail here, with the file named, rather than at serve time; the last good pair stays.
+            check_key(_named("tls.crt", lambda: bundle.serving), key, "tls.key")
         except (OSError, CertError) as exc:
             log.warning(
                 "webhook certificate files are unusable", directory=str(self.directory), error=str(exc)

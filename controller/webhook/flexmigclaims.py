@@ -3,17 +3,18 @@
 A pod claim names a ResourceClaim or a ResourceClaimTemplate; this reads it and checks every
 deviceClassName it asks for (`exactly` and each `firstAvailable` alternative) against the flexmig
 DeviceClasses: classes named `gpu.flexmig.dev` or `*.gpu.flexmig.dev` (the chart's), and any class
-whose CEL selectors mention the driver `gpu.flexmig.dev` (an admin's own class, e.g. one pinning a
-MIG profile). The class list is cached for `ttl_s`; claims and templates are read on each admission
+whose CEL selectors test `device.driver == "gpu.flexmig.dev"` or read
+`device.attributes["gpu.flexmig.dev"]` (an admin's own class, e.g. one pinning a MIG profile). The class list is cached for `ttl_s`; claims and templates are read on each admission
 (their specs are immutable, but a name can be deleted and reused).
 
-Answers: True/False; None when the referenced object does not exist (yet), which the shim treats
-as "not ours". An API error other than 404 raises, so the webhook fails closed instead of letting a
+Answers: True/False; None when the referenced object does not exist (yet), which the shim denies
+(retryably) since it cannot tell whose devices the pod will get. An API error other than 404 raises, so the webhook fails closed instead of letting a
 flexmig pod through ungated.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -35,13 +36,25 @@ def is_flexmig_class_name(name: str) -> bool:
     return name == DRIVER_NAME or name.endswith("." + DRIVER_NAME)
 
 
+_DRIVER = re.escape(DRIVER_NAME)
+_NOT_AFTER_NAME = r"(?<![\w.])"  # `device` itself, not `mydevice` or `x.device`
+_SELECTS_DRIVER = re.compile(
+    rf"{_NOT_AFTER_NAME}device\.driver\s*==\s*(['\"]){_DRIVER}\1"
+    rf"|(['\"]){_DRIVER}\2\s*==\s*{_NOT_AFTER_NAME}device\.driver(?![\w.])"
+    rf"|{_NOT_AFTER_NAME}device\.attributes\s*\[\s*(['\"]){_DRIVER}\3\s*\]"
+)
+"""`device.driver == "gpu.flexmig.dev"` (either quote style and side, any spacing) or
+`device.attributes["gpu.flexmig.dev"]`: a comparison with `!=`, or a longer name containing the
+driver's (`x.gpu.flexmig.dev.example`), does not select flexmig devices."""
+
+
 def is_flexmig_class(device_class: Mapping[str, Any]) -> bool:
     name = str((device_class.get("metadata") or {}).get("name") or "")
     if is_flexmig_class_name(name):
         return True
     for selector in (device_class.get("spec") or {}).get("selectors") or ():
         expression = ((selector or {}).get("cel") or {}).get("expression") or ""
-        if DRIVER_NAME in expression:
+        if _SELECTS_DRIVER.search(str(expression)):
             return True
     return False
 
@@ -91,7 +104,7 @@ class FlexmigClaims:
             path = f"{RESOURCE_API}/namespaces/{namespace}/resourceclaimtemplates/{name}"
             nested = True
         else:
-            return None
+            return {}  # names neither: API validation rejects the pod after the webhook
         try:
             obj = request(self.api, "GET", path, timeout_s=API_TIMEOUT_S)
         except ApiException as exc:

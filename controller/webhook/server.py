@@ -112,25 +112,36 @@ class _RequestHandler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def _refuse(self, status: int, text: str) -> None:
+        """Answer without reading the body, and close: on a kept-alive connection the unread body
+        would be parsed as the next request."""
+        self.close_connection = True
+        self._send(status, text.encode(), "text/plain")
+
     def do_GET(self) -> None:
         if self.path in ("/healthz", "/readyz"):
             self._send(200, b"ok\n", "text/plain")
         else:
-            self._send(404, b"not found\n", "text/plain")
+            self._refuse(404, "not found\n")
 
     def do_POST(self) -> None:
         if self.path.split("?", 1)[0] != self.server.webhook_path:
-            where = f"no webhook at {self.path}; it is at {self.server.webhook_path}\n"
-            self._send(404, where.encode(), "text/plain")
+            self._refuse(404, f"no webhook at {self.path}; it is at {self.server.webhook_path}\n")
+            return
+        raw = self.headers.get("Content-Length")
+        if raw is None:
+            self._refuse(411, "Content-Length required\n")
             return
         try:
-            length = int(self.headers.get("Content-Length") or "")
+            length = int(raw)
         except ValueError:
-            self._send(411, b"Content-Length required\n", "text/plain")
+            self._refuse(400, f"Content-Length {raw!r} is not a number\n")
             return
-        if not 0 <= length <= MAX_BODY:
-            self.close_connection = True
-            self._send(413, f"body of {length} bytes; at most {MAX_BODY}\n".encode(), "text/plain")
+        if length < 0:
+            self._refuse(400, f"Content-Length {length} is negative\n")
+            return
+        if length > MAX_BODY:
+            self._refuse(413, f"body of {length} bytes; at most {MAX_BODY}\n")
             return
         body = self.rfile.read(length)
         status, response = self.server.review_handler(body)

@@ -4,7 +4,10 @@ given on the command line wins over its variable, the variable over the built-in
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import math
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -97,8 +100,16 @@ def validate_webhook_flags(args: argparse.Namespace) -> str | None:
         return f"--webhook-port: {args.webhook_port} is not a port (0..65535, 0 disables)"
     if not args.webhook_path.startswith("/"):
         return f"--webhook-path: {args.webhook_path!r} must start with '/'"
-    if args.webhook_template_grace < 120:
-        return f"--webhook-template-grace: {args.webhook_template_grace} is below 120 seconds"
+    if not math.isfinite(args.webhook_template_grace) or args.webhook_template_grace < 120:
+        return f"--webhook-template-grace: {args.webhook_template_grace} is not a number of seconds >= 120"
+    for flag, given in (("--webhook-service", [args.webhook_service]), ("--webhook-hosts", _split(args))):
+        for host in given:
+            if host.strip() and not is_host(host.strip()):
+                return (
+                    f"{flag}: {host.strip()!r} is not an IP address or DNS "
+                    "name (allowed: e.g. 127.0.0.1, fd00::1, flexmig-webhook.flexmig-system.svc; "
+                    "no scheme, port or path)"
+                )
     if args.webhook_port and not args.webhook_tls_dir and not hosts(args):
         return (
             "--webhook-service or --webhook-hosts: a self-generated certificate needs at least one "
@@ -109,8 +120,25 @@ def validate_webhook_flags(args: argparse.Namespace) -> str | None:
     return None
 
 
+_DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$", re.IGNORECASE)
+
+
+def is_host(host: str) -> bool:
+    """An IP address or an RFC 1123 DNS name: what a certificate SAN can hold and TLS can match."""
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        pass
+    return len(host) <= 253 and all(_DNS_LABEL.match(label) for label in host.split("."))
+
+
+def _split(args: argparse.Namespace) -> list[str]:
+    return [str(h) for h in args.webhook_hosts.split(",")]
+
+
 def hosts(args: argparse.Namespace) -> tuple[str, ...]:
-    given = [args.webhook_service, *args.webhook_hosts.split(",")]
+    given = [args.webhook_service, *_split(args)]
     return tuple(dict.fromkeys(h.strip() for h in given if h.strip()))
 
 

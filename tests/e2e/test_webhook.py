@@ -297,9 +297,20 @@ def test_pods_without_gpu_resources_are_untouched_and_flexmig_claims_gated(
     ours = create_pod(installed, pods_ns, with_claim("ours", "flexmig-class"))
     assert ours["spec"]["schedulingGates"] == [{"name": ALLOCATION_GATE}]
     assert ours["spec"]["containers"][0]["resources"] == {"claims": [{"name": "dev"}]}
+    # A claim that does not exist yet: whose devices it asks for is unknown, so the pod is refused
+    # (a controller creating it retries) rather than admitted ungated.
+    with pytest.raises(ApiException) as denied:
+        create_pod(installed, pods_ns, with_claim("early", "not-yet"))
+    message = api_message(denied.value)
+    assert denied.value.status == 400, message
+    assert "spec.resourceClaims[0].resourceClaimName: ResourceClaim 'not-yet' does not exist" in message
+    assert "create it before the pod" in message
 
 
-def test_the_controller_had_every_permission_it_needed(installed: Installed, pods_ns: str) -> None:
+def test_no_permission_error_in_what_the_tests_above_exercised(installed: Installed, pods_ns: str) -> None:
+    """The Secret create, caBundle patch, template create/stamp and claim/class reads the tests above
+    drove ran without a refusal. Template deletion and Secret renewal are not exercised here (the
+    grace and the certificate lifetime are far longer than this module), so their RBAC is not shown."""
     installed.alive()
     log = installed.log_text()
     assert "webhook maintenance step failed" not in log, log[-4000:]

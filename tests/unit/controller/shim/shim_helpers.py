@@ -119,7 +119,7 @@ def pod(
 
 
 def never_ours(_claim: Mapping[str, Any]) -> bool | None:
-    return None
+    return False
 
 
 def mutate(

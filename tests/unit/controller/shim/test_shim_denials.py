@@ -12,7 +12,7 @@ from controller.shim import AdmissionDenied, ShimDefaults, mutate_pod
 
 def deny(p: dict[str, Any], defaults: ShimDefaults | None = None) -> str:
     with pytest.raises(AdmissionDenied) as info:
-        mutate_pod(p, "ns1", defaults or ShimDefaults(), lambda _c: None)
+        mutate_pod(p, "ns1", defaults or ShimDefaults(), lambda _c: False)
     assert str(info.value) == info.value.message
     return info.value.message
 
@@ -110,7 +110,7 @@ def test_limits_and_requests_differ() -> None:
 def test_equal_values_in_different_spellings_are_not_a_difference() -> None:
     c = container("main")
     c["resources"] = {"limits": {"nvidia.com/gpumem": "8k"}, "requests": {"nvidia.com/gpumem": "8000"}}
-    mutate_pod(pod(c), "ns1", ShimDefaults(), lambda _c: None)
+    mutate_pod(pod(c), "ns1", ShimDefaults(), lambda _c: False)
 
 
 @pytest.mark.parametrize("mode", ["MIG", "hami", "", "mig,hami-core", "any"])
@@ -154,3 +154,29 @@ def test_bad_value_in_requests_names_requests() -> None:
     c = container("main")
     c["resources"] = {"requests": {"nvidia.com/gpu": "two"}}
     assert "in requests" in deny(pod(c))
+
+
+@pytest.mark.parametrize("value", ["2", "-1", "0.5", "high"])
+def test_priority_outside_zero_or_one(value: str) -> None:
+    message = deny(pod(container("main", {"nvidia.com/gpu": "1", "nvidia.com/priority": value})))
+    assert f"nvidia.com/priority={value!r}" in message and "0 high or 1 low" in message
+
+
+@pytest.mark.parametrize("key", ["nvidia.com/gpu-type", "nvidia.com/mig-1g.10gb", "nvidia.com/vgpu"])
+def test_unknown_nvidia_resource_beside_gpu_lists_the_accepted_ones(key: str) -> None:
+    message = deny(pod(container("main", {"nvidia.com/gpu": "1", key: "1"})))
+    assert 'container "main"' in message and key in message
+    for accepted in ("gpu", "gpumem", "gpumem-percentage", "gpucores", "priority"):
+        assert f"nvidia.com/{accepted}" in message
+
+
+def test_unknown_nvidia_resource_in_requests_is_denied_too() -> None:
+    c = container("main", {"nvidia.com/gpu": "1"})
+    c["resources"]["requests"] = {"nvidia.com/gpu": "1", "nvidia.com/foo": "1"}
+    assert "nvidia.com/foo" in deny(pod(c))
+
+
+def test_priority_with_gpu_zero_is_denied() -> None:
+    # gpu 0 leaves the container as written, and no node advertises nvidia.com/priority.
+    message = deny(pod(container("main", {"nvidia.com/gpu": "0", "nvidia.com/priority": "1"})))
+    assert "nvidia.com/gpu is 0 but nvidia.com/priority" in message

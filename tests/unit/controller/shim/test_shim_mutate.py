@@ -211,11 +211,26 @@ def test_flexmig_claims_get_only_the_gate() -> None:
     assert seen == ["mine", "other"]
 
 
-@pytest.mark.parametrize("answer", [None, False])
-def test_unknown_or_foreign_claims_pass_untouched(answer: bool | None) -> None:
+def test_foreign_claims_pass_untouched() -> None:
     p = pod(container("main"), resourceClaims=[{"name": "x", "resourceClaimName": "y"}])
-    result = mutate_pod(p, "ns1", ShimDefaults(), lambda _c: answer)
+    result = mutate_pod(p, "ns1", ShimDefaults(), lambda _c: False)
     assert (result.patch, result.templates, result.gated) == ([], (), False)
+
+
+@pytest.mark.parametrize(
+    ("field", "kind"),
+    [("resourceClaimName", "ResourceClaim"), ("resourceClaimTemplateName", "ResourceClaimTemplate")],
+)
+def test_missing_claim_or_template_is_denied_retryably(field: str, kind: str) -> None:
+    # Admitted ungated, kube-scheduler would allocate flexmig devices once the object appears.
+    claims = [{"name": "other", "resourceClaimName": "fpga"}, {"name": "x", field: "later"}]
+    p = pod(container("main"), resourceClaims=claims)
+    answers = {"other": False, "x": None}
+    with pytest.raises(AdmissionDenied) as info:
+        mutate_pod(p, "ns1", ShimDefaults(), lambda c: answers[c["name"]])
+    message = info.value.message
+    assert f"spec.resourceClaims[1].{field}: {kind} 'later' does not exist" in message
+    assert "create it before the pod" in message and "resourceClaims[0]" not in message
 
 
 def test_legacy_and_flexmig_claim_together_one_gate() -> None:
@@ -242,7 +257,7 @@ def test_legacy_and_flexmig_claim_together_one_gate() -> None:
     ],
 )
 def test_pods_without_gpu_requests_are_untouched(p: dict[str, Any]) -> None:
-    result = mutate_pod(p, "ns1", ShimDefaults(), lambda _c: None)
+    result = mutate_pod(p, "ns1", ShimDefaults(), lambda _c: False)
     assert (result.patch, result.templates, result.gated) == ([], (), False)
     assert result.reason
 
@@ -262,7 +277,7 @@ def test_same_shape_same_name_and_body() -> None:
         pod(container("a", {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "8000"})),
         "ns2",
         ShimDefaults(),
-        lambda _c: None,
+        lambda _c: False,
     )
     assert other_ns.templates[0].name == a.templates[0].name
     assert other_ns.templates[0].namespace == "ns2" != a.templates[0].namespace
@@ -315,7 +330,7 @@ def test_patch_is_valid_against_a_strict_applier_for_every_op() -> None:
         schedulingGates=[{"name": "x/y"}],
         resourceClaims=[],
     )
-    result = mutate_pod(p, "ns1", ShimDefaults(), lambda _c: None)
+    result = mutate_pod(p, "ns1", ShimDefaults(), lambda _c: False)
     assert all(op["op"] == "add" for op in result.patch)
     assert apply_patch(p, result.patch)["spec"]["schedulingGates"][-1] == GATE
 
@@ -338,3 +353,20 @@ def test_shim_package_does_no_io() -> None:
                 continue
             for n in names:
                 assert n.split(".")[0] not in forbidden, f"{path.name} imports {n}"
+
+
+@pytest.mark.parametrize("priority", ["0", "1", 1])
+def test_priority_is_validated_and_stripped(priority: Any) -> None:
+    # Left in place, nvidia.com/priority would keep the ungated pod Pending: no node advertises it.
+    c = container("main", {"nvidia.com/gpu": "1", "nvidia.com/priority": priority, "cpu": "1"})
+    c["resources"]["requests"] = {"nvidia.com/priority": priority}
+    result, out = mutate(pod(c))
+    assert result.gated
+    assert out["spec"]["containers"][0]["resources"] == {
+        "limits": {"cpu": "1"},
+        "claims": [{"name": "main-gpu"}],
+    }
+    assert (
+        result.templates[0].name
+        == mutate(pod(container("main", {"nvidia.com/gpu": "1"})))[0].templates[0].name
+    )

@@ -94,7 +94,7 @@ defaults_st = st.builds(
 @settings(max_examples=150, deadline=None)
 @given(gpu_pods(), defaults_st)
 def test_any_valid_legacy_pod_is_fully_rewritten(pod: dict[str, Any], defaults: ShimDefaults) -> None:
-    result = mutate_pod(pod, "ns", defaults, lambda _c: None)
+    result = mutate_pod(pod, "ns", defaults, lambda _c: False)
     out = apply_patch(pod, result.patch)
     assert legacy_keys_left(out) == []
     assert result.gated
@@ -122,4 +122,4 @@ def test_any_valid_legacy_pod_is_fully_rewritten(pod: dict[str, Any], defaults: 
             ENV.compile(mig_selector(shape))
     assert used == set(templates)  # no template is returned that nothing references
     # and the same pod mutates to the same templates (deterministic names and bodies)
-    assert mutate_pod(pod, "ns", defaults, lambda _c: None) == result
+    assert mutate_pod(pod, "ns", defaults, lambda _c: False) == result

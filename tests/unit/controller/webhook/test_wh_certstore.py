@@ -6,12 +6,22 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import os
+import re
 from pathlib import Path
+from typing import Any
 
+import pytest
+from structlog.testing import capture_logs
 from wh_fakeapi import FakeApi
 
-from controller.webhook.certs import CertPolicy, generate, rotation_reason
-from controller.webhook.certstore import DirCertSource, SecretCertSource, bundle_from_secret, secret_path
+from controller.webhook.certs import CertBundle, CertError, CertPolicy, generate, rotation_reason
+from controller.webhook.certstore import (
+    DirCertSource,
+    SecretCertSource,
+    bundle_from_secret,
+    secret_data,
+    secret_path,
+)
 
 NS, NAME = "flexmig-system", "flexmig-webhook-cert"
 HOSTS = ("flexmig-webhook.flexmig-system.svc",)
@@ -116,4 +126,66 @@ def test_provided_files_are_reloaded_when_they_change(tmp_path: Path) -> None:
     os.utime(tmp_path / "tls.crt", (future + 5, future + 5))
     got = src.refresh(leader=False)
     assert got is not None and got.cert_pem == second.cert_pem
-    assert base64.b64encode(got.cert_pem)
+    # A certificate with another pair's key, then a junk key: still the last good pair.
+    third = generate(("a.example",), T0)
+    (tmp_path / "tls.crt").write_bytes(third.cert_pem)
+    os.utime(tmp_path / "tls.crt", (future + 10, future + 10))
+    got = src.refresh(leader=False)
+    assert got is not None and (got.cert_pem, got.key_pem) == (second.cert_pem, second.key_pem)
+    (tmp_path / "tls.key").write_bytes(b"-----BEGIN PRIVATE KEY-----\njunk\n-----END PRIVATE KEY-----\n")
+    os.utime(tmp_path / "tls.key", (future + 15, future + 15))
+    got = src.refresh(leader=False)
+    assert got is not None and got.cert_pem == second.cert_pem
+    # The matching key arrives: the new pair is served.
+    (tmp_path / "tls.key").write_bytes(third.key_pem)
+    os.utime(tmp_path / "tls.key", (future + 20, future + 20))
+    got = src.refresh(leader=False)
+    assert got is not None and (got.cert_pem, got.key_pem) == (third.cert_pem, third.key_pem)
+
+
+def test_dir_source_names_the_file_it_cannot_use(tmp_path: Path) -> None:
+    pair, other = generate(("a.example",), T0), generate(("a.example",), T0)
+    (tmp_path / "tls.crt").write_bytes(pair.cert_pem)
+    (tmp_path / "tls.key").write_bytes(other.key_pem)
+    with capture_logs() as logs:
+        assert DirCertSource(tmp_path).refresh(leader=False) is None
+    errors = [str(e.get("error")) for e in logs]
+    assert any(e.startswith("tls.key: does not belong to the certificate") for e in errors), errors
+    (tmp_path / "tls.crt").write_bytes(b"junk")
+    with capture_logs() as logs:
+        assert DirCertSource(tmp_path).refresh(leader=False) is None
+    assert any(str(e.get("error")).startswith("tls.crt: ") for e in logs), logs
+
+
+def _secret_with(bundle: CertBundle, **replace: bytes) -> dict[str, Any]:
+    data = secret_data(bundle)
+    data.update({k: base64.b64encode(v).decode() for k, v in replace.items()})
+    return {"metadata": {"name": NAME, "namespace": NS}, "type": "kubernetes.io/tls", "data": data}
+
+
+@pytest.mark.parametrize(
+    ("field", "message"),
+    [
+        ("tls.key", "data.tls.key: does not belong to the certificate"),
+        ("ca.key", "data.ca.key (for the first certificate of data.ca.crt): does not belong"),
+    ],
+)
+def test_secret_keys_must_match_their_certificates(field: str, message: str) -> None:
+    good, other = generate(HOSTS, T0), generate(HOSTS, T0)
+    wrong = other.key_pem if field == "tls.key" else other.ca_key_pem
+    with pytest.raises(CertError, match=re.escape(message)):
+        bundle_from_secret(_secret_with(good, **{field: wrong}))
+    with pytest.raises(CertError, match=re.escape(f"data.{field}")):
+        bundle_from_secret(_secret_with(good, **{field: b"junk"}))
+    assert bundle_from_secret(_secret_with(good)) == good
+
+
+def test_a_secret_with_a_mismatched_key_is_regenerated_by_the_leader(fake_api: FakeApi) -> None:
+    clock = Clock()
+    good, other = generate(HOSTS, T0), generate(HOSTS, T0)
+    fake_api.put(secret_path(NS), _secret_with(good, **{"ca.key": other.ca_key_pem}))
+    assert source(clock).refresh(leader=False) is None, "a follower does not serve a broken Secret"
+    fixed = source(clock).refresh(leader=True)
+    assert fixed is not None and fixed.ca_pem != good.ca_pem
+    stored = fake_api.get(secret_path(NS, NAME))
+    assert stored is not None and bundle_from_secret(stored) == fixed

@@ -42,7 +42,8 @@ def test_webhook_defaults_and_url_pattern() -> None:
     values, schema = load()
     assert values["webhook"]["enabled"] is True and values["webhook"]["url"] == ""
     pattern = schema["properties"]["webhook"]["properties"]["url"]["pattern"]
-    for good in ("", "https://127.0.0.1:9443/mutate-pods", "https://webhook.example.com"):
+    for good in ("", "https://127.0.0.1:9443/mutate-pods", "https://webhook.example.com/"):
         assert re.search(pattern, good), good
-    for bad in ("http://127.0.0.1/mutate-pods", "https://", "127.0.0.1:9443"):
+    # A URL without a path: the controller would serve a path the API server does not call.
+    for bad in ("http://127.0.0.1/mutate-pods", "https://", "127.0.0.1:9443", "https://webhook.example.com"):
         assert not re.search(pattern, bad), bad

@@ -56,7 +56,17 @@ def test_no_port_no_webhook(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--webhook-port", "9443", "--webhook-path", "mutate"], "must start with '/'"),
         (["--webhook-port", "9443"], "--webhook-service or --webhook-hosts"),
         (["--webhook-port", "9443", "--webhook-tls-dir", "/nonexistent/x"], "is not a directory"),
-        (["--webhook-port", "9443", "--webhook-hosts", "h", "--webhook-template-grace", "10"], "below 120"),
+        (["--webhook-port", "9443", "--webhook-hosts", "h", "--webhook-template-grace", "10"], ">= 120"),
+        (["--webhook-port", "9443", "--webhook-hosts", "h", "--webhook-template-grace", "nan"], "nan is not"),
+        (["--webhook-port", "9443", "--webhook-hosts", "h", "--webhook-template-grace", "inf"], "inf is not"),
+        (
+            ["--webhook-port", "9443", "--webhook-hosts", "127.0.0.1,https://x:443"],
+            "--webhook-hosts: 'https://x:443' is not an IP address or DNS name",
+        ),
+        (["--webhook-port", "9443", "--webhook-hosts", "x:443"], "--webhook-hosts: 'x:443'"),
+        (["--webhook-port", "9443", "--webhook-service", "svc/path"], "--webhook-service: 'svc/path'"),
+        (["--webhook-port", "9443", "--webhook-service=bad-.svc"], "--webhook-service: 'bad-.svc'"),
+        (["--webhook-port", "9443", "--webhook-service", "a..svc"], "--webhook-service: 'a..svc'"),
     ],
 )
 def test_bad_flags_are_named(monkeypatch: pytest.MonkeyPatch, argv: list[str], problem: str) -> None:
@@ -64,6 +74,19 @@ def test_bad_flags_are_named(monkeypatch: pytest.MonkeyPatch, argv: list[str], p
         monkeypatch.delenv(var, raising=False)
     message = _validate(parse(argv))
     assert message is not None and problem in message
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--webhook-service", "flexmig-webhook.flexmig-system.svc", "--webhook-hosts", "127.0.0.1, fd00::1"],
+        ["--webhook-hosts", "localhost,Webhook.Example.COM"],
+    ],
+)
+def test_good_hosts_pass(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> None:
+    for var in ("FLEXMIG_WEBHOOK_SERVICE", "FLEXMIG_WEBHOOK_HOSTS", "FLEXMIG_WEBHOOK_TLS_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    assert _validate(parse(["--webhook-port", "9443", *argv])) is None
 
 
 def test_device_config_defaults(tmp_path: Path) -> None:

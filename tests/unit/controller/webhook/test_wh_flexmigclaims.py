@@ -42,6 +42,38 @@ def test_class_detection() -> None:
     assert requested_classes(claim_spec("a", "b", first_available=True)) == {"a", "b"}
 
 
+@pytest.mark.parametrize(
+    "expression",
+    [
+        'device.driver == "gpu.flexmig.dev"',
+        "device.driver=='gpu.flexmig.dev'",
+        '"gpu.flexmig.dev" == device.driver',
+        'device.attributes["gpu.flexmig.dev"].profile == "1g.10gb"',
+        "device.attributes[ 'gpu.flexmig.dev' ].memoryMiB >= 8000",
+        'device.capacity["x"].a > 1 && device.driver == "gpu.flexmig.dev"',
+    ],
+)
+def test_cel_selecting_the_driver(expression: str) -> None:
+    assert is_flexmig_class(device_class("admin-class", expression))
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        'device.driver != "gpu.flexmig.dev"',
+        'device.driver == "x.gpu.flexmig.dev.example"',
+        'device.driver == "gpu.flexmig.dev.example"',
+        'device.driver == "x.gpu.flexmig.dev"',
+        'device.attributes["x.gpu.flexmig.dev.example"].a == 1',
+        'mydevice.driver == "gpu.flexmig.dev"',
+        '"gpu.flexmig.dev" == device.driverName',
+        '"gpu.flexmig.dev" != device.driver',
+    ],
+)
+def test_cel_merely_mentioning_the_driver(expression: str) -> None:
+    assert not is_flexmig_class(device_class("admin-class", expression))
+
+
 @pytest.fixture
 def cluster(fake_api: FakeApi) -> FakeApi:
     for c in (device_class("big-mig", 'device.driver == "gpu.flexmig.dev"'), device_class("gpu.nvidia.com")):
@@ -67,7 +99,7 @@ def test_claims_and_templates(cluster: FakeApi) -> None:
     assert check({"name": "b", "resourceClaimName": "nvidia"}) is False
     assert check({"name": "c", "resourceClaimTemplateName": "either"}) is True
     assert check({"name": "d", "resourceClaimName": "not-yet"}) is None
-    assert check({"name": "e"}) is None
+    assert check({"name": "e"}) is False  # names nothing: API validation rejects the pod
 
 
 def test_the_class_list_is_cached_for_the_ttl(cluster: FakeApi) -> None:

@@ -118,3 +118,39 @@ def test_bind_check_names_a_port_in_use(tmp_path: Path) -> None:
         problem = bind_check("127.0.0.1", s.getsockname()[1])
     assert problem is not None and "cannot listen on 127.0.0.1" in problem
     assert bind_check("127.0.0.1", 0) is None
+
+
+def raw_exchange(port: int, ctx: ssl.SSLContext, data: bytes) -> bytes:
+    """Send bytes on one kept-alive connection; everything the server writes until it closes."""
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+        ctx.wrap_socket(raw, server_hostname="127.0.0.1") as s,
+    ):
+        s.sendall(data)
+        got = b""
+        while chunk := s.recv(65536):
+            got += chunk
+        return got
+
+
+# The body of a refused request is a complete second request: read as one, it would be answered 200.
+SMUGGLED = b"POST /mutate-pods HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"
+
+
+@pytest.mark.parametrize(
+    ("head", "status"),
+    [
+        (f"POST /other HTTP/1.1\r\nHost: x\r\nContent-Length: {len(SMUGGLED)}\r\n", b"404"),
+        (f"POST /mutate-pods HTTP/1.1\r\nHost: x\r\nContent-Length: {MAX_BODY + 1}\r\n", b"413"),
+        ("POST /mutate-pods HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n", b"400"),
+        ("POST /mutate-pods HTTP/1.1\r\nHost: x\r\nContent-Length: five\r\n", b"400"),
+        ("POST /mutate-pods HTTP/1.1\r\nHost: x\r\n", b"411"),
+    ],
+)
+def test_a_refused_request_closes_the_connection_with_its_body_unread(
+    served: tuple[WebhookServer, TlsState, CertBundle], head: str, status: bytes
+) -> None:
+    server, _, bundle = served
+    got = raw_exchange(server.port, client_context(bundle), head.encode() + b"\r\n" + SMUGGLED)
+    assert got.startswith(b"HTTP/1.1 " + status), got[:80]
+    assert got.count(b"HTTP/1.1 ") == 1, got

@@ -6,8 +6,10 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import math
 import ssl
 import tempfile
+import time
 
 from wh_fakeapi import FakeApi
 
@@ -87,7 +89,17 @@ def test_follower_waits_leader_writes_both_serve(fake_api: FakeApi) -> None:
         # The template was created once (by whichever replica answered first), stamped by the other.
         templates = [p for p in fake_api.objects if "/resourceclaimtemplates/" in p]
         assert len(templates) == 1 and templates[0].startswith("/apis/resource.k8s.io/v1/namespaces/team-a/")
-        assert ("DELETE", templates[0]) not in fake_api.calls
+        # Garbage collection is the leader's alone: with the template past its grace and no pod
+        # using it, a follower's tick deletes nothing, and the leader's next collection does.
+        later = time.time() + SETTINGS.template_grace_s + 60
+        for service in (leader, follower):
+            service.collector.clock = lambda: later
+            service._last_gc = -math.inf
+        follower.tick()
+        assert ("DELETE", templates[0]) not in fake_api.writes()
+        leader.tick()
+        assert ("DELETE", templates[0]) in fake_api.writes()
+        assert fake_api.get(templates[0]) is None
     finally:
         follower.stop()
         leader.stop()
