@@ -43,7 +43,7 @@ from controller.shares import (
 )
 from controller.wholeplan import Checker, Unplaced, WholePlacer
 from driver.policy.allocator import Policy
-from driver.policy.model import AllowedTable, DeviceRequest, ShortReason
+from driver.policy.model import AllowedTable, DeviceRequest, GpuRef, ShortReason
 from driver.policy.shared import (
     SharedGpuState,
     ShareRequest,
@@ -114,7 +114,7 @@ class Decider:
         self.policy = policy
         self.amounts = ShareAmounts(ledger.inventory, index.share_amounts_cache)
         self.check = Checker(ledger.inventory)
-        self._states: dict[Any, SharedGpuState] = {}
+        self._states: Mapping[GpuRef, SharedGpuState] = {}
         self._idle: IdleGpus | None = None  # the idle GPUs, computed once per decision when needed
         self._classified: dict[tuple[str, str], Classified | Decision] = {}
 
@@ -126,7 +126,7 @@ class Decider:
     ) -> Decision:
         """Place every request of `claims` on one node; `node_ok` excludes nodes (cordoned, selectors)."""
         try:
-            per_claim = [claim_requests(c, classes) for c in claims]
+            per_claim = [claim_requests(c, classes, self.index) for c in claims]
         except RequestError as exc:
             return Decision(reason=ControllerReason.INVALID_REQUEST, message=str(exc))
         self._states = self.ledger.shared_states()

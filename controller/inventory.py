@@ -136,7 +136,6 @@ class Inventory:
         self.pools: dict[str, Pool] = {}
         self.gpus: dict[GpuRef, InventoryGpu] = {}
         self.shared: dict[GpuRef, SharedGpuInfo] = {}
-        self.device_gpu: dict[DeviceKey, PublishedDevice] = {}
         self._profiles: dict[tuple[Any, ...], MigProfile] = {}
         by_pool: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
         for s in slices:
@@ -180,7 +179,6 @@ class Inventory:
                 continue
             dev.gpu = GpuRef(node, parsed.gpu_index)
             dev.kind = parsed.kind
-            self.device_gpu[(pool.name, dev.name)] = dev
             if parsed.kind is DeviceKind.WHOLE:
                 wholes[parsed.gpu_index] = dev
                 continue
@@ -312,8 +310,3 @@ class Inventory:
     def device(self, key: DeviceKey) -> PublishedDevice | None:
         pool = self.pools.get(key[0])
         return None if pool is None else pool.devices.get(key[1])
-
-    def allocatable_devices(self) -> Iterable[PublishedDevice]:
-        for pool in self.pools.values():
-            if pool.complete:
-                yield from pool.devices.values()

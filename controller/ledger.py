@@ -21,13 +21,14 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from fractions import Fraction
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import structlog
 
 from api.constants import DRIVER_NAME, DeviceKind, parse_device_name
 from controller.inventory import DeviceKey, Inventory, PublishedDevice
-from controller.sharedcap import consumed_amount
+from controller.sharedcap import ShareRequestError, consumed_amount
 from driver.placement.occupancy import Occupancy, OccupancyError
 from driver.policy.cluster import ClusterState
 from driver.policy.model import GpuRef, GpuState
@@ -101,6 +102,14 @@ class Ledger:
         # Per shared GPU: what every share held on it consumes, in sum, and what each share added.
         self.shared_used: dict[GpuRef, ShareAmount] = {}
         self._share_amounts: dict[ShareUse, tuple[GpuRef, ShareAmount]] = {}
+        # The share policy's view, kept current by _share/_unshare (a decision and every publish read
+        # it; rebuilding it per read cost a pass over every shared GPU). Capacities are computed once.
+        self._shared_states: dict[GpuRef, SharedGpuState] = {
+            ref: SharedGpuState(ref, info.total()) for ref, info in inventory.shared.items()
+        }
+        self._shared_view = MappingProxyType(self._shared_states)
+        # Published request-policy defaults, computed when a share without consumedCapacity needs them.
+        self._defaults: dict[GpuRef, ShareAmount] = {}
         self.assumed: set[str] = set()
         self.consumed: dict[tuple[str, str], dict[str, Fraction]] = defaultdict(dict)
         # GPUs whose published state contradicts the allocations (should never happen): kept out.
@@ -179,30 +188,62 @@ class Ledger:
     def _share(self, use: ShareUse) -> None:
         dev = self.inventory.device((use.pool, use.device))
         ref = dev.gpu if dev is not None else None
-        info = self.inventory.shared.get(ref) if ref is not None else None
-        if ref is None or info is None:
-            return  # not published (any more): nothing to count against
-        default = info.default_amount()
-        amount = ShareAmount(
-            default.memory_mib if use.memory_mib is None else use.memory_mib,
-            default.cores if use.cores is None else use.cores,
-            default.shares if use.shares is None else use.shares,
-        )
+        if ref is None or ref not in self._shared_states:
+            return  # not published (any more), or published badly: nothing to count against
+        if use.memory_mib is not None and use.cores is not None and use.shares is not None:
+            amount = ShareAmount(use.memory_mib, use.cores, use.shares)
+        else:
+            default = self._default(ref)
+            if default is None:
+                return
+            amount = ShareAmount(
+                default.memory_mib if use.memory_mib is None else use.memory_mib,
+                default.cores if use.cores is None else use.cores,
+                default.shares if use.shares is None else use.shares,
+            )
         self._share_amounts[use] = (ref, amount)
-        self.shared_used[ref] = self.shared_used.get(ref, ZERO) + amount
+        self._add_used(ref, amount)
+
+    def _default(self, ref: GpuRef) -> ShareAmount | None:
+        """What a share without consumedCapacity holds on `ref`; None (device dropped) if unknowable."""
+        default = self._defaults.get(ref)
+        if default is not None:
+            return default
+        info = self.inventory.shared[ref]
+        try:
+            default = info.default_amount()
+        except ShareRequestError as exc:
+            # The slice publishes a request-policy default above the capacity (a plugin bug): what its
+            # shares hold is unknown, so nothing more is placed on it until it is published again.
+            log.warning(
+                "shared device publishes an impossible default; not placing shares on it",
+                pool=info.pool,
+                device=info.device,
+                error=str(exc),
+            )
+            del self._shared_states[ref]
+            return None
+        self._defaults[ref] = default
+        return default
+
+    def _add_used(self, ref: GpuRef, amount: ShareAmount) -> None:
+        used = self.shared_used.get(ref, ZERO) + amount
+        self.shared_used[ref] = used
+        state = self._shared_states.get(ref)
+        if state is not None:
+            self._shared_states[ref] = SharedGpuState(ref, state.capacity, used)
 
     def _unshare(self, use: ShareUse) -> None:
         hit = self._share_amounts.pop(use, None)
         if hit is not None:
             ref, amount = hit
-            self.shared_used[ref] = self.shared_used.get(ref, ZERO) - amount
+            self._add_used(ref, ZERO - amount)
 
-    def shared_states(self) -> dict[GpuRef, SharedGpuState]:
-        """Every shareable GPU with its capacity and what all claims' shares use of it."""
-        return {
-            ref: SharedGpuState(ref, info.total(), self.shared_used.get(ref, ZERO))
-            for ref, info in self.inventory.shared.items()
-        }
+    def shared_states(self) -> Mapping[GpuRef, SharedGpuState]:
+        """Every shareable GPU with its capacity and what all claims' shares use of it.
+
+        A read-only live view, kept current as claims come and go (copy it to keep a snapshot)."""
+        return self._shared_view
 
     def _count(self, dev: PublishedDevice, sign: int) -> None:
         for counter_set, counters in dev.consumes:

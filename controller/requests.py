@@ -17,7 +17,9 @@ gives the GPUs whose whole device it admits. Selectors admitting MIG devices as 
 
 What the controller does not allocate is refused with a message naming the field, never guessed at:
 `allocationMode: All` (MIG placements overlap, so "every matching device" cannot be allocated
-together), `adminAccess`, and capacity requests on MIG or whole-GPU devices.
+together), `adminAccess`, capacity requests on MIG or whole-GPU devices, an opaque config for
+gpu.flexmig.dev that is not a known type (api/opaqueconfig.py), and a memoryPercentage config that
+applies only to requests no share can serve (or names no request of the claim).
 """
 
 from __future__ import annotations
@@ -26,15 +28,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from api.constants import DRIVER_NAME, DeviceKind
+from api.constants import DRIVER_NAME
+from api.opaqueconfig import OpaqueConfigError, decode_parameters
 from controller.cel import CelCompileError, CelEnvironment, DeviceSelector
 from controller.inventory import Inventory, PublishedDevice
-from controller.sharedcap import (
-    ShareRequestError,
-    ShareSpec,
-    parse_capacity_requests,
-    parse_shared_config,
-)
+from controller.sharedcap import ShareRequestError, ShareSpec, parse_capacity_requests
 from driver.policy.model import GpuRef
 
 MAX_COUNT = 32  # the API's limit on results per claim
@@ -123,32 +121,43 @@ def _alternative(
     )
 
 
-def _memory_percentages(claim: Mapping[str, Any], key: str) -> list[tuple[tuple[str, ...], int]]:
-    """(requests it names, memoryPercentage) of every SharedGpuRequest opaque config of the claim."""
+@dataclass(frozen=True, slots=True)
+class PercentConfig:
+    """A `SharedGpuRequest` opaque config of a claim: where it is, the requests it names, its percent."""
+
+    where: str  # "claim ns/name spec.devices.config[i]"
+    names: tuple[str, ...]  # empty: every request of the claim
+    percent: int
+
+
+def _percent_configs(claim: Mapping[str, Any], key: str) -> list[PercentConfig]:
+    """Every opaque config of the claim for our driver, decoded strictly (api/opaqueconfig.py): a config
+    for gpu.flexmig.dev that is not a known type is an error, never ignored (a typo in `kind` would
+    otherwise hand the pod the whole GPU instead of its percentage)."""
     out = []
     for i, cfg in enumerate(((claim.get("spec") or {}).get("devices") or {}).get("config") or ()):
         opaque = cfg.get("opaque") or {}
         if opaque.get("driver") != DRIVER_NAME:
             continue
+        where = f"claim {key} spec.devices.config[{i}]"
         try:
-            pct = parse_shared_config(
-                f"claim {key} spec.devices.config[{i}].opaque", opaque.get("parameters")
-            )
-        except ShareRequestError as exc:
+            decoded = decode_parameters(f"{where}.opaque.parameters", opaque.get("parameters"))
+        except OpaqueConfigError as exc:
             raise RequestError(str(exc)) from exc
-        if pct is not None:
-            out.append((tuple(cfg.get("requests") or ()), pct))
+        out.append(PercentConfig(where, tuple(cfg.get("requests") or ()), decoded.memory_percentage))
     return out
 
 
-def _with_percent(alt: Alternative, percents: list[tuple[tuple[str, ...], int]], where: str) -> Alternative:
-    mine = [p for names, p in percents if not names or alt.result_name in names or alt.request_name in names]
+def _applies(cfg: PercentConfig, alt: Alternative) -> bool:
+    return not cfg.names or alt.result_name in cfg.names or alt.request_name in cfg.names
+
+
+def _with_percent(alt: Alternative, percents: list[PercentConfig], where: str) -> Alternative:
+    mine = sorted({c.percent for c in percents if _applies(c, alt)})
     if not mine:
         return alt
-    if len(set(mine)) > 1:
-        raise RequestError(
-            f"{where}: more than one SharedGpuRequest memoryPercentage applies: {sorted(set(mine))}"
-        )
+    if len(mine) > 1:
+        raise RequestError(f"{where}: more than one SharedGpuRequest memoryPercentage applies: {mine}")
     requests = dict(alt.share.requests) if alt.share is not None else {}
     if "memory" in requests:
         raise RequestError(
@@ -157,11 +166,28 @@ def _with_percent(alt: Alternative, percents: list[tuple[tuple[str, ...], int]],
     return replace(alt, share=ShareSpec(requests, mine[0]))
 
 
-def claim_requests(claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]]) -> list[ClaimRequest]:
-    """The requests of one claim with their alternatives (RequestError for what cannot be served)."""
+def _check_names(percents: list[PercentConfig], out: list[ClaimRequest]) -> None:
+    """A config naming no request of the claim would be silently dropped; refuse it."""
+    known = {n for r in out for a in r.alternatives for n in (a.result_name, a.request_name)}
+    for cfg in percents:
+        missing = [n for n in cfg.names if n not in known]
+        if missing:
+            raise RequestError(
+                f"{cfg.where}.requests: {', '.join(map(repr, missing))} names no request of the claim; "
+                f"allowed: {', '.join(sorted(known))}"
+            )
+
+
+def claim_requests(
+    claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]], index: CandidateIndex
+) -> list[ClaimRequest]:
+    """The requests of one claim with their alternatives (RequestError for what cannot be served).
+
+    `index` tells which alternatives HAMi-core shares can serve: a memoryPercentage config that applies
+    only to requests no share can serve would be dropped silently, so it is refused."""
     meta = claim.get("metadata") or {}
     key = f"{meta.get('namespace')}/{meta.get('name')}"
-    percents = _memory_percentages(claim, key)
+    percents = _percent_configs(claim, key)
     out = []
     for i, req in enumerate(_spec_requests(claim)):
         name = req.get("name") or f"#{i}"
@@ -183,7 +209,34 @@ def claim_requests(claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, 
         out.append(ClaimRequest(key, name, alts))
     if not out:
         raise RequestError(f"claim {key} has no device requests")
+    if percents:
+        _check_names(percents, out)
+        _check_percent_targets(percents, out, index)
     return out
+
+
+def _check_percent_targets(
+    percents: list[PercentConfig], out: list[ClaimRequest], index: CandidateIndex
+) -> None:
+    """A named request must have an alternative shares can serve; a config naming no request must
+    apply to at least one such alternative of the claim (it is meant for the claim's shared requests)."""
+    for cfg in percents:
+        targets = [a for r in out for a in r.alternatives if _applies(cfg, a)]
+        if cfg.names:
+            for r in out:
+                alts = [a for a in r.alternatives if _applies(cfg, a)]
+                if alts and not any(index.may_share(a) for a in alts):
+                    raise _no_share(cfg, ", ".join(a.result_name for a in alts))
+        elif not any(index.may_share(a) for a in targets):
+            raise _no_share(cfg, "every request of the claim")
+
+
+def _no_share(cfg: PercentConfig, what: str) -> RequestError:
+    return RequestError(
+        f"{cfg.where}: SharedGpuRequest.memoryPercentage applies to {what}, which only MIG or whole-GPU "
+        "devices serve; a percentage is for shares of HAMi-core GPUs: name a request whose class is "
+        "hami-core.gpu.flexmig.dev (or that asks for capacity), or remove the config"
+    )
 
 
 class CandidateIndex:
@@ -213,6 +266,16 @@ class CandidateIndex:
                 errors.append(verdict)
             return False
         return True
+
+    def may_share(self, alt: Alternative) -> bool:
+        """Whether HAMi-core shares may serve `alt`, by the rule of controller/shares.py `classify`:
+        capacity asked, or no MIG device but a shared one admitted. An alternative nothing matches yet
+        counts as one (the devices it waits for may be shared); only MIG or whole-GPU matches do not."""
+        if alt.capacity_requested:
+            return True
+        if self.candidates(alt.selectors).per_gpu:
+            return False
+        return bool(self.shared_candidates(alt.selectors)) or not self.whole_candidates(alt.selectors)
 
     def candidates(self, selectors: tuple[str, ...]) -> Candidates:
         hit = self._cache.get(selectors)
@@ -272,10 +335,6 @@ class CandidateIndex:
         return out
 
 
-def device_kind(dev: PublishedDevice | None) -> DeviceKind | None:
-    return None if dev is None else dev.kind
-
-
 def allocation_config(
     claim: Mapping[str, Any],
     classes: Mapping[str, Mapping[str, Any]],
@@ -296,7 +355,3 @@ def allocation_config(
             entry["requests"] = list(cfg["requests"])
         out.append(entry)
     return out
-
-
-def is_our_driver(result: Mapping[str, Any]) -> bool:
-    return result.get("driver") == DRIVER_NAME

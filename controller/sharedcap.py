@@ -4,15 +4,14 @@ A hami-core node publishes one `gpu-<i>-shared` device per GPU with `allowMultip
 consumable capacities (contract C1): `memory` (MiB), `cores` (percent of the SMs, 0..100) and `shares`
 (the split count; each share consumes 1). A request asks through `capacity.requests` (any of the three
 names, plain or qualified with the driver domain) or, for a percentage of the GPU's memory, through the
-opaque config `SharedGpuRequest{memoryPercentage}`. A missing request takes the capacity's
-`requestPolicy.default`; a value is adjusted as KEP-5075 prescribes (raised to the range minimum,
-rounded up to the step, or up to the next valid value), and refused, naming the field and the allowed
-values, when no such value exists or the GPU is too small.
+opaque config `SharedGpuRequest{memoryPercentage}` (decoded strictly by api/opaqueconfig.py). A missing
+request takes the capacity's `requestPolicy.default`; a value is adjusted as KEP-5075 prescribes (raised to
+the range minimum, rounded up to the step, or up to the next valid value), and refused, naming the field
+and the allowed values, when no such value exists or the GPU is too small.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
@@ -23,9 +22,6 @@ from controller.quantity import MEBI, QuantityError, format_fraction, parse_quan
 from driver.policy.shared import ShareAmount
 
 CAPACITY_NAMES = ("memory", "cores", "shares")
-SHARED_CONFIG_API_VERSION = f"{DRIVER_NAME}/v1alpha1"
-SHARED_CONFIG_KIND = "SharedGpuRequest"
-_CONFIG_FIELDS = frozenset({"apiVersion", "kind", "memoryPercentage"})
 
 
 class ShareRequestError(ValueError):
@@ -220,34 +216,6 @@ def parse_capacity_requests(where: str, body: Mapping[str, Any]) -> dict[str, Fr
             raise ShareRequestError(f"{where}.capacity.requests.{name}: {value!r} must not be negative")
         out[name] = q
     return out
-
-
-def parse_shared_config(where: str, parameters: Any) -> int | None:
-    """memoryPercentage of a `SharedGpuRequest` opaque config (None for other kinds); strict decoding."""
-    if isinstance(parameters, (str, bytes)):
-        try:
-            parameters = json.loads(parameters)
-        except ValueError as exc:
-            raise ShareRequestError(f"{where}.parameters: not JSON: {exc}") from exc
-    if not isinstance(parameters, Mapping) or parameters.get("kind") != SHARED_CONFIG_KIND:
-        return None
-    if parameters.get("apiVersion") != SHARED_CONFIG_API_VERSION:
-        raise ShareRequestError(
-            f"{where}.parameters.apiVersion: {parameters.get('apiVersion')!r} is not supported for "
-            f"{SHARED_CONFIG_KIND}; allowed: {SHARED_CONFIG_API_VERSION}"
-        )
-    unknown = sorted(set(parameters) - _CONFIG_FIELDS)
-    if unknown:
-        raise ShareRequestError(
-            f"{where}.parameters: unknown field(s) {', '.join(unknown)} in {SHARED_CONFIG_KIND}; "
-            f"allowed: {', '.join(sorted(_CONFIG_FIELDS))}"
-        )
-    pct = parameters.get("memoryPercentage")
-    if isinstance(pct, bool) or not isinstance(pct, int) or not 1 <= pct <= 100:
-        raise ShareRequestError(
-            f"{where}.parameters.memoryPercentage must be an integer in 1..100, got {pct!r}"
-        )
-    return pct
 
 
 def consumed_amount(result: Mapping[str, Any], gpu: SharedGpuInfo | None) -> ShareAmount | None:

@@ -33,7 +33,7 @@ from controller.inventory import Inventory, PublishedDevice
 from controller.requests import Alternative, CandidateIndex, Candidates, ClaimRequest, RequestError
 from controller.sharedcap import ShareRequestError, ShareSpec, ShareTooLarge, consumed_capacity
 from driver.policy.model import Choice, GpuRef
-from driver.policy.shared import ShareAmount
+from driver.policy.shared import ShareAmount, ShareOptions
 
 
 class AltKind(StrEnum):
@@ -74,8 +74,16 @@ def classify(index: CandidateIndex, alt: Alternative, where: str) -> Classified:
     return Classified(AltKind.NONE, mig, shared)
 
 
+_WHERE = "\x00where\x00"
+"""Stands for the request's location in cached refusal messages; replaced by it when returned."""
+
+
 class ShareAmounts:
-    """Per shared GPU, what one share of an alternative consumes there (cached per inventory)."""
+    """Per shared GPU, what one share of an alternative consumes there (cached per inventory).
+
+    The cache is keyed by the request's shape only, so two claims with the same request shape share one entry:
+    refusal messages are cached with a placeholder for the claim's location, replaced by `where` when returned.
+    """
 
     def __init__(self, inventory: Inventory, cache: dict[tuple[Any, ...], Any]) -> None:
         self.inventory = inventory
@@ -83,28 +91,28 @@ class ShareAmounts:
 
     def amounts(
         self, alt: Alternative, shared: Mapping[GpuRef, PublishedDevice], where: str
-    ) -> tuple[dict[GpuRef, ShareAmount], str, bool]:
-        """(GPU -> amount, first refusal message, whether every refusal was 'too large')."""
+    ) -> tuple[ShareOptions, str, bool]:
+        """(GPU -> amount, first refusal message naming `where`, whether every refusal was 'too large')."""
         spec = alt.share or ShareSpec({})
         key = (alt.selectors, tuple(sorted(spec.requests.items())), spec.memory_percent)
-        hit: tuple[dict[GpuRef, ShareAmount], str, bool] | None = self._cache.get(key)
-        if hit is not None:
-            return hit
-        out: dict[GpuRef, ShareAmount] = {}
-        first = ""
-        only_size = True
-        for ref in shared:
-            info = self.inventory.shared.get(ref)
-            if info is None:
-                continue
-            try:
-                out[ref] = spec.amount(info, where)
-            except ShareRequestError as exc:
-                first = first or str(exc)
-                only_size &= isinstance(exc, ShareTooLarge)
-        result = (out, first, only_size)
-        self._cache[key] = result
-        return result
+        hit: tuple[ShareOptions, str, bool] | None = self._cache.get(key)
+        if hit is None:
+            out: dict[GpuRef, ShareAmount] = {}
+            first = ""
+            only_size = True
+            for ref in shared:
+                info = self.inventory.shared.get(ref)
+                if info is None:
+                    continue
+                try:
+                    out[ref] = spec.amount(info, _WHERE)
+                except ShareRequestError as exc:
+                    first = first or str(exc)
+                    only_size &= isinstance(exc, ShareTooLarge)
+            hit = (ShareOptions(out), first, only_size)
+            self._cache[key] = hit
+        options, first, only_size = hit
+        return options, first.replace(_WHERE, where), only_size
 
 
 def share_result(request: str, dev: PublishedDevice, amount: ShareAmount) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from api.constants import DRIVER_NAME
+from api.opaqueconfig import SharedGpuRequest
 from controller.shim.legacy import Mode, Shape
 
 API_VERSION = "resource.k8s.io/v1"
@@ -25,8 +26,6 @@ MANAGED_BY = "flexmig"
 LABEL_SHIM_TEMPLATE = f"{DRIVER_NAME}/shim-template"
 SHIM_TEMPLATE_VERSION = "v1"
 ANNOTATION_SHAPE = f"{DRIVER_NAME}/shape"
-OPAQUE_API_VERSION = f"{DRIVER_NAME}/v1alpha1"
-OPAQUE_KIND = "SharedGpuRequest"
 UUID_ATTRIBUTE = f"{DRIVER_NAME}/uuid"
 
 
@@ -133,11 +132,8 @@ def claim_spec(shape: Shape) -> dict[str, Any]:
                     "requests": [hami_ref],
                     "opaque": {
                         "driver": DRIVER_NAME,
-                        "parameters": {
-                            "apiVersion": OPAQUE_API_VERSION,
-                            "kind": OPAQUE_KIND,
-                            "memoryPercentage": shape.memory_percent,
-                        },
+                        # The api/ type writes it, so the controller's strict decoder reads it back.
+                        "parameters": SharedGpuRequest(shape.memory_percent).to_parameters(),
                     },
                 }
             ]

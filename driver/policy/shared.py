@@ -19,8 +19,8 @@ tries the remaining assignments (count is at most 32 per request, GPUs per node 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, KeysView, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from driver.policy.model import GpuRef, PlacementOf, ShortReason
 
@@ -76,16 +76,67 @@ class SharedGpuState:
         return left.memory_mib if left.shares <= 0 else 0
 
 
+NodeOptions = tuple[tuple[GpuRef, ShareAmount], ...]
+
+
+class ShareOptions(Mapping[GpuRef, ShareAmount]):
+    """GPU -> what one share consumes there, indexed by node once.
+
+    Placement looks at one node at a time, and the amounts of a request cover every shareable GPU of
+    the cluster: scanning them all per node made placement quadratic in the cluster size. Built once
+    per request shape (the controller caches it per inventory), then read per node in O(its GPUs).
+    """
+
+    __slots__ = ("_amounts", "_by_node", "largest")
+
+    def __init__(self, amounts: Mapping[GpuRef, ShareAmount]) -> None:
+        self._amounts = dict(amounts)
+        by_node: dict[str, list[tuple[GpuRef, ShareAmount]]] = {}
+        for ref, amount in self._amounts.items():
+            by_node.setdefault(ref.node, []).append((ref, amount))
+        self._by_node = {node: tuple(pairs) for node, pairs in by_node.items()}
+        self.largest = max((a.memory_mib for a in self._amounts.values()), default=0)
+
+    def __getitem__(self, ref: GpuRef) -> ShareAmount:
+        return self._amounts[ref]
+
+    def __iter__(self) -> Iterator[GpuRef]:
+        return iter(self._amounts)
+
+    def __len__(self) -> int:
+        return len(self._amounts)
+
+    def __repr__(self) -> str:
+        return f"ShareOptions({self._amounts!r})"
+
+    def on(self, node: str) -> NodeOptions:
+        """The GPUs of `node` that may serve the share, with what it consumes on each."""
+        return self._by_node.get(node, ())
+
+    def nodes(self) -> KeysView[str]:
+        return self._by_node.keys()
+
+
 @dataclass(frozen=True, slots=True)
 class ShareRequest:
-    """One share a pod needs: the GPUs that may serve it, each with what the share consumes there."""
+    """One share a pod needs: the GPUs that may serve it, each with what the share consumes there.
+
+    `amounts` may be any mapping; it is kept as a `ShareOptions` (reused as is when it already is one).
+    """
 
     name: str
     amounts: Mapping[GpuRef, ShareAmount]
     group: str = ""  # shares of one group never share a GPU
+    options: ShareOptions = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        amounts = self.amounts
+        options = amounts if isinstance(amounts, ShareOptions) else ShareOptions(amounts)
+        object.__setattr__(self, "amounts", options)
+        object.__setattr__(self, "options", options)
 
     def largest(self) -> int:
-        return max((a.memory_mib for a in self.amounts.values()), default=0)
+        return self.options.largest
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +163,7 @@ def place_on_node(
     state: dict[GpuRef, SharedGpuState] = {}
     options: list[list[tuple[GpuRef, ShareAmount]]] = []
     for req in ordered:
-        mine = [(ref, amount) for ref, amount in req.amounts.items() if ref.node == node and ref in gpus]
+        mine = [(ref, amount) for ref, amount in req.options.on(node) if ref in gpus]
         if not mine:
             return None
         options.append(mine)
@@ -131,12 +182,13 @@ def place_on_node(
         req = ordered[i]
         ranked = sorted(
             (
-                (st.free.memory_mib - amount.memory_mib, st.free.shares - amount.shares, ref.gpu_index),
+                (free.memory_mib - amount.memory_mib, free.shares - amount.shares, ref.gpu_index),
                 ref,
                 amount,
             )
             for ref, amount in options[i]
-            if (req.group, ref) not in taken and (st := state[ref]).fits(amount)
+            # `free` once per GPU: this runs for every GPU of every candidate node.
+            if (req.group, ref) not in taken and (free := state[ref].free).covers(amount)
         )
         for _, ref, amount in ranked:
             before = state[ref]

@@ -11,6 +11,7 @@ from driver.policy.model import ShortReason
 
 
 def _commit(d: object, decision: Decision) -> None:
+    assert decision.ok, decision.message
     for alloc in decision.allocations:
         d.ledger.assume(alloc.uid, alloc.keys)  # type: ignore[attr-defined]
 
@@ -112,10 +113,18 @@ def test_invalid_requests_name_the_field() -> None:
 
 def test_two_claims_of_one_pod_land_on_one_node_or_nowhere() -> None:
     d = decider({"a": ("A100-40GB", 1), "b": ("A100-40GB", 1)})
-    _commit(d, d.decide([claim("x", mem(19000))], CLASSES))  # a 3g.20gb on one node
+    first = d.decide([claim("x", mem(19000))], CLASSES)  # a 3g.20gb on one node
+    _commit(d, first)
+    # An A100-40GB holds two 3g.20gb: x's node has room for one more, so p and q together must both go
+    # to the other node (one each on two nodes would be two nodes for one pod).
     decision = d.decide([claim("p", mem(19000)), claim("q", mem(19000))], CLASSES)
-    assert decision.ok and len({r["pool"] for a in decision.allocations for r in a.results}) == 1
-    assert d.decide([claim("r", mem(19000)), claim("s", mem(19000)), claim("t", mem(19000))], CLASSES).reason
+    assert decision.ok, decision.message
+    pools = {r["pool"] for a in decision.allocations for r in a.results}
+    assert len(pools) == 1 and len(decision.allocations) == 2
+    assert pools.isdisjoint({r["pool"] for a in first.allocations for r in a.results})
+    # Three need three 3g.20gb on one node: no node has that, so nothing is allocated.
+    three = d.decide([claim("r", mem(19000)), claim("s", mem(19000)), claim("t", mem(19000))], CLASSES)
+    assert not three.ok and not three.allocations and three.reason
 
 
 def test_node_filter_excludes_nodes() -> None:

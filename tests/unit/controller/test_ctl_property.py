@@ -26,7 +26,7 @@ def _check(d: Decider) -> None:
     per_gpu: dict[object, int] = defaultdict(int)
     used: dict[tuple[str, str], dict[str, Fraction]] = defaultdict(lambda: defaultdict(Fraction))
     for key in d.ledger.owners:
-        dev = inv.device(key)
+        dev = inv.device((key[0], key[1]))  # a share (ShareUse) would name its device too
         assert dev is not None
         if dev.start is not None and dev.size is not None:
             mask = ((1 << dev.size) - 1) << dev.start
@@ -35,9 +35,9 @@ def _check(d: Decider) -> None:
         for counter_set, counters in dev.consumes:
             for name, value in counters:
                 used[(dev.pool, counter_set)][name] += value
-    for (pool, counter_set), counters in used.items():
+    for (pool, counter_set), totals in used.items():
         available = inv.pools[pool].counter_sets[counter_set]
-        for name, value in counters.items():
+        for name, value in totals.items():
             assert value <= available[name], f"{pool}/{counter_set}/{name} exceeded"
 
 
@@ -51,6 +51,9 @@ def test_random_allocate_release_respects_placements_and_counters(
     for i, (op, value, count) in enumerate(sequence):
         if op == "alloc":
             decision = d.decide([claim(f"c{i}", mem(value), count=count)], CLASSES)
+            if not live and count == 1:
+                # Completeness: every memory size fits some GPU of an empty cluster (up to 96 GB).
+                assert decision.ok, decision.message
             for alloc in decision.allocations:
                 d.ledger.assume(alloc.uid, alloc.keys)
                 d.ledger.observe(alloc.uid, alloc.keys)

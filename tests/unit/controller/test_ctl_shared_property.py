@@ -31,6 +31,9 @@ def test_random_shares_respect_every_capacity(sequence: list[tuple[str, int, int
             body = hami_body(memory=mib, cores=cores, count=count)
             c = any_claim(f"c{i}", mib, body, distinct=True) if mixed else claim(f"c{i}", body)
             decision = d.decide([c], CLASSES)
+            if not live and count == 1:
+                # Completeness: one share of at most 20000 MiB fits the empty 24000/40960 MiB GPUs.
+                assert decision.ok, decision.message
             for alloc in decision.allocations:
                 d.ledger.assume(alloc.uid, alloc.keys)
                 live[alloc.uid] = alloc.results

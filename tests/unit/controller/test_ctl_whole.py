@@ -215,7 +215,13 @@ def test_random_whole_and_mig_pods_never_share_a_gpu_and_idle_gpus_are_never_ref
             whole_held = gpu.whole_device is not None and d.ledger.is_used((gpu.pool, gpu.whole_device))
             mig_held = any(d.ledger.is_used((gpu.pool, name)) for name in gpu.mig_devices.values())
             assert not (whole_held and mig_held), f"{gpu.ref}: whole GPU and MIG devices both allocated"
-        assert d.ledger.counters_allow([]) is None
+            if gpu.whole_device is not None and gpu.mig_devices:
+                # Where MIG devices are published too, the whole device consumes every slice counter, so
+                # the counters alone admit it again exactly when nothing on the GPU is held.
+                whole = d.ledger.inventory.device((gpu.pool, gpu.whole_device))
+                assert whole is not None and whole.consumes
+                free = d.ledger.counters_allow([whole]) is None
+                assert free == (not whole_held and not mig_held), f"{gpu.ref}: counters disagree"
         for (pool, counter_set), used in d.ledger.consumed.items():
             available = d.ledger.inventory.pools[pool].counter_sets[counter_set]
             assert all(v <= available.get(k, 0) for k, v in used.items())

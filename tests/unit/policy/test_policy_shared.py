@@ -100,6 +100,17 @@ def test_placements_never_exceed_any_gpu_and_stay_on_one_node(
         for i, (g, mib, cores) in enumerate(wanted)
     ]
     placed = place_shares(gpus, reqs)
+    # Completeness: any one request fits an empty GPU, and requests of distinct groups that fit on the
+    # 12000 MiB GPU together (memory, cores and split slots) must be placed.
+    assert place_shares(gpus, reqs[:1]).ok
+    fits_b = (
+        len({g for g, _, _ in wanted}) == len(wanted)
+        and sum(mib for _, mib, _ in wanted) <= 12000
+        and sum(cores for _, _, cores in wanted) <= 100
+        and len(wanted) <= split
+    )
+    if fits_b:
+        assert placed.ok
     if not placed.ok:
         return
     assert len({p.gpu.node for p in placed.choices}) == 1 and len(placed.choices) == len(reqs)
