@@ -13,7 +13,10 @@ consumedCapacity counts at the published request-policy defaults (the full memor
 
 Allocations the controller has decided but not yet seen come back from the API are *assumed* (as in
 kube-scheduler's assume cache): a stale watch event that still shows the claim unallocated must not
-free the devices again, or the next pod could be given the same placement.
+free the devices again, or the next pod could be given the same placement. An assumption records the
+resourceVersion the watch must show (that of our write once it landed); it ends only when a version at
+least that new is observed (ours, or someone else's newer one), or the claim is forgotten (deleted,
+rolled back). Without comparable versions, only an allocated view ends it.
 """
 
 from __future__ import annotations
@@ -110,7 +113,8 @@ class Ledger:
         self._shared_view = MappingProxyType(self._shared_states)
         # Published request-policy defaults, computed when a share without consumedCapacity needs them.
         self._defaults: dict[GpuRef, ShareAmount] = {}
-        self.assumed: set[str] = set()
+        # uid -> resourceVersion the API must show before the assumption ends (None: any allocated one)
+        self.assumed: dict[str, int | None] = {}
         self.consumed: dict[tuple[str, str], dict[str, Fraction]] = defaultdict(dict)
         # GPUs whose published state contradicts the allocations (should never happen): kept out.
         self.conflicts: dict[GpuRef, str] = {}
@@ -127,33 +131,46 @@ class Ledger:
         new = Ledger(inventory)
         for uid, devices in self.claims.items():
             new._apply(uid, devices)
-        new.assumed = set(self.assumed) & set(new.claims)
+        new.assumed = {uid: rv for uid, rv in self.assumed.items() if uid in new.claims}
         return new
 
     # --- claims -------------------------------------------------------------------------------------
 
-    def observe(self, uid: str, devices: Iterable[Held]) -> None:
-        """A claim as the API shows it now (empty = not allocated)."""
+    def observe(self, uid: str, devices: Iterable[Held], resource_version: int | None = None) -> None:
+        """A claim as the API shows it now (empty = not allocated), at `resource_version` if known."""
         devs = tuple(sorted(devices, key=_order))
         if uid in self.assumed:
-            if not devs:
-                return  # stale view from before our write landed
-            self.assumed.discard(uid)
+            wanted = self.assumed[uid]
+            if wanted is not None and resource_version is not None:
+                if resource_version < wanted:
+                    return  # older than our own write: a stale view
+            elif not devs:
+                return  # not comparable: only an allocated view can end the assumption
+            del self.assumed[uid]
         if self.claims.get(uid, ()) == devs:
             return
         self.forget(uid)
         if devs:
             self._apply(uid, devs)
 
-    def assume(self, uid: str, devices: Iterable[Held]) -> None:
-        """We are writing this allocation: count it as used until the API confirms or we give up."""
+    def assume(self, uid: str, devices: Iterable[Held], resource_version: int | None = None) -> None:
+        """We are writing this allocation: count it as used until the API shows a version at least
+        `resource_version` (None: any allocated version), or we give up (`forget`)."""
         self.forget(uid)
         self._apply(uid, tuple(sorted(devices, key=_order)))
-        self.assumed.add(uid)
+        self.assumed[uid] = resource_version
+
+    def written(self, uid: str, devices: Iterable[Held], resource_version: int | None) -> None:
+        """Our allocation write landed as `resource_version`: still assumed until the watch shows it."""
+        devs = tuple(sorted(devices, key=_order))
+        if self.claims.get(uid, ()) != devs:
+            self.forget(uid)
+            self._apply(uid, devs)
+        self.assumed[uid] = resource_version
 
     def forget(self, uid: str) -> None:
         """The claim is gone, deallocated, or our write failed."""
-        self.assumed.discard(uid)
+        self.assumed.pop(uid, None)
         for key in self.claims.pop(uid, ()):
             if self.owners.get(key) != uid:
                 continue

@@ -10,6 +10,11 @@ pod cannot get them, then write each claim (finalizer + pod annotation, then sta
 with the resourceVersion the decision was based on), then the pod (mirror annotation, gate removed).
 A conflict on any claim rolls back the claims already written and retries the pod from fresh state:
 nothing is ever allocated twice, and a pod gets all of its claims or none.
+
+Every object the controller writes goes into its cache as *assumed* (controller/watchcache.py): the
+watch's older versions of it (our own earlier writes) are ignored, and the ledger keeps an allocation
+assumed until the watch shows it. One object the controller cannot process is skipped with a metric and
+an Event (controller/skips.py); it never stops the loop.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from typing import Any
 
 import structlog
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
 
 from api.constants import ANNOTATION_MIG_ALLOCATIONS
 from controller.cel import CelEnvironment
@@ -33,6 +39,7 @@ from controller.metrics import ControllerMetrics, Snapshot, instance_rows
 from controller.nodefilter import NodeFilter, PodRules, pinned_nodes, schedulable_view
 from controller.podclaims import (
     ClaimsPending,
+    LiveRefs,
     allocation_results,
     claim_names,
     is_gated,
@@ -42,14 +49,22 @@ from controller.podclaims import (
     split_share_problem,
 )
 from controller.requests import CandidateIndex
-from controller.watchcache import Event, WatchCache, object_key
-from controller.writer import CONDITION_TYPE, Writer, is_conflict, is_not_found
+from controller.skips import SkipReporter
+from controller.watchcache import Event, WatchCache, object_key, resource_version
+from controller.writer import CONDITION_TYPE, NotLeader, Writer, is_conflict, is_not_found
+from driver.looprunner import LoopRunner
 from driver.policy.allocator import PackingPolicy, Policy
 
 log = structlog.get_logger(__name__)
 
 Obj = dict[str, Any]
 RESYNC_S = 30.0
+STUCK_AFTER_S = 300.0  # one step beats per pod and claim; this long without one is a hung write
+
+
+def _transient(exc: Exception) -> bool:
+    """An error of the API or the network (retried), not of the object being processed."""
+    return isinstance(exc, ApiException | OSError | HTTPError)
 
 
 def allocated_devices(claim: Mapping[str, Any] | None) -> list[Held]:
@@ -79,6 +94,9 @@ class Controller:
         self.policy = policy or PackingPolicy()
         self.metrics = metrics or ControllerMetrics()
         self.is_leader = is_leader
+        if writer is not None:  # leadership is checked before every write, not once per step
+            writer_leads = writer.is_leader
+            writer.is_leader = lambda: writer_leads() and is_leader()
         self.cel = CelEnvironment()
         self.ledger = Ledger(Inventory(()))
         self.index = CandidateIndex(self.ledger.inventory, self.cel)
@@ -86,6 +104,9 @@ class Controller:
         self.dirty: set[str] = set()
         self.claims_to_check: set[str] = set()
         self.pods_by_uid: dict[str, Obj] = {}
+        self.live_refs = LiveRefs()
+        self.skips = SkipReporter(self.metrics)
+        self.runner: LoopRunner | None = None
         self._slices_dirty = False
         self._last_resync = 0.0
 
@@ -94,13 +115,37 @@ class Controller:
     def apply(self, events: list[Event]) -> None:
         capacity_changed = False
         for event in events:
-            for key, old, new in self.cache.stores[event.resource].apply(event):
-                capacity_changed |= self._on_change(event.resource, key, old, new)
+            store = self.cache.stores[event.resource]
+            stale_before = store.stale_ignored
+            try:
+                changes = store.apply(event)
+            except Exception as exc:  # a malformed event (no metadata, not an object): nothing to apply
+                self._skip(event.resource, "", event.obj, exc)
+                continue
+            self.metrics.stale_events.inc(store.stale_ignored - stale_before)
+            for key, old, new in changes:
+                try:
+                    capacity_changed |= self._on_change(event.resource, key, old, new)
+                except Exception as exc:
+                    self._skip(event.resource, key, new if new is not None else old, exc)
         if self._slices_dirty and self.cache.stores["resourceslices"].synced:
-            self._rebuild()
+            try:
+                self._rebuild()
+            except Exception as exc:  # the old inventory stays; the next slice change tries again
+                self._slices_dirty = False
+                self._skip("resourceslices", "", None, exc)
             capacity_changed = True
         if capacity_changed:
             self.dirty |= set(self.pending)
+
+    def _skip(self, resource: str, key: str, obj: Obj | None, exc: Exception) -> None:
+        self.skips.skip(resource, key, obj, exc, self.writer, leading=self._leading())
+
+    def _leading(self) -> bool:
+        try:
+            return self.is_leader()
+        except Exception:  # an elector that cannot tell is not leading
+            return False
 
     def _on_change(self, resource: str, key: str, old: Obj | None, new: Obj | None) -> bool:
         if resource == "resourceslices":
@@ -120,7 +165,7 @@ class Controller:
             if new is None:
                 self.ledger.forget(uid)
             else:
-                self.ledger.observe(uid, allocated_devices(new))
+                self.ledger.observe(uid, allocated_devices(new), resource_version(new))
             if has_finalizer(obj):
                 self.claims_to_check.add(key)
             # A new claim may be what a pending pod waited for.
@@ -132,10 +177,13 @@ class Controller:
             uid = obj["metadata"].get("uid", "")
             if new is None or is_terminal(new):
                 self.pods_by_uid.pop(uid, None)
+                self.live_refs.drop(uid)
                 self.pending.pop(key, None)
                 self.claims_to_check |= referenced_claims(obj)
                 return False
+            refs = referenced_claims(new)  # first: a pod it cannot read is skipped before it counts
             self.pods_by_uid[uid] = new
+            self.live_refs.set(uid, refs)
             if is_gated(new):
                 self.dirty.add(key)
                 self.pending.setdefault(key, Pending(time.monotonic()))
@@ -159,12 +207,31 @@ class Controller:
 
     # --- main loop ----------------------------------------------------------------------------------
 
-    def run(self, stop: Callable[[], bool]) -> None:
+    def run(self, stop: Callable[[], bool], runner: Callable[[LoopRunner], LoopRunner] | None = None) -> None:
+        """Apply events and step until `stop()`, in the calling thread. Any exception is retried with
+        backoff (driver/looprunner.py); `runner` may register the loop with a health check."""
         self.cache.start()
-        while not stop():
+
+        def once() -> None:
+            if stop():
+                loop.stop()
+                return
             self.apply(self.cache.next_batch(timeout_s=1.0))
             self.step()
+
+        loop = LoopRunner(
+            "allocation",
+            once,
+            stuck_after_s=STUCK_AFTER_S,
+            on_error=lambda _exc: self.metrics.loop_errors.labels("allocation").inc(),
+        )
+        self.runner = runner(loop) if runner is not None else loop
+        self.runner.run()
         self.cache.stop()
+
+    def _beat(self) -> None:
+        if self.runner is not None:
+            self.runner.beat()
 
     def step(self) -> None:
         """Work on what is dirty (only when synced and leading); publish metrics."""
@@ -175,23 +242,40 @@ class Controller:
             self._last_resync = now
             self.dirty |= set(self.pending)
             self.claims_to_check |= {k for k, c in self.cache["resourceclaims"].items() if has_finalizer(c)}
-        if self.is_leader() and self.writer is not None:
+        if self._leading() and self.writer is not None:
             for key in sorted(
                 self.dirty, key=lambda k: self.pending[k].first_seen if k in self.pending else 0
             ):
                 self.dirty.discard(key)
-                self._guard("allocate", self._process_pod, key)
+                if not self._guard("allocate", self._process_pod, key):
+                    self.dirty.add(key)
+                    break
             for key in sorted(self.claims_to_check):
                 self.claims_to_check.discard(key)
-                self._guard("deallocate", self._check_claim, key)
-        self._publish()
+                if not self._guard("deallocate", self._check_claim, key):
+                    self.claims_to_check.add(key)
+                    break
+        try:
+            self._publish()
+        except Exception as exc:  # metrics only: never worth stopping allocation for
+            self.metrics.reconcile_errors.labels("publish").inc()
+            log.exception("publishing metrics failed", error=str(exc))
 
-    def _guard(self, stage: str, fn: Callable[[str], None], key: str) -> None:
+    def _guard(self, stage: str, fn: Callable[[str], None], key: str) -> bool:
+        """Run one reconcile; False when leadership was lost (stop writing at once)."""
+        self._beat()
         try:
             fn(key)
+        except NotLeader as exc:
+            log.info("leadership lost mid-step; not writing", stage=stage, key=key, error=str(exc))
+            return False
         except Exception as exc:  # one bad object must not stop the loop; it is retried on resync
             self.metrics.reconcile_errors.labels(stage).inc()
             log.exception("reconcile failed", stage=stage, key=key, error=str(exc))
+            if not _transient(exc):  # the object itself is the problem: tell its owner
+                resource = "pods" if stage == "allocate" else "resourceclaims"
+                self._skip(resource, key, self.cache[resource].get(key), exc)
+        return True
 
     def _publish(self) -> None:
         gated: dict[str, int] = {}
@@ -274,7 +358,9 @@ class Controller:
     def _write_claims(self, pod: Obj, decision: Decision) -> dict[str, Obj] | None:
         assert self.writer is not None and decision.node is not None
         for alloc in decision.allocations:
-            self.ledger.assume(alloc.uid, alloc.keys)
+            # Versions up to the one decided on are stale for this assumption, whatever they show.
+            decided_on = resource_version(alloc.claim)
+            self.ledger.assume(alloc.uid, alloc.keys, None if decided_on is None else decided_on + 1)
         done: list[Obj] = []
         protected: list[Obj] = []
         try:
@@ -299,8 +385,9 @@ class Controller:
             raise
         out = {}
         for claim in done:
-            self.cache.stores["resourceclaims"].apply(Event("resourceclaims", "MODIFIED", obj=claim))
-            self.ledger.observe(claim["metadata"]["uid"], allocated_devices(claim))
+            # Our newest version, assumed: the watch's older ones (the finalizer-only write) are stale.
+            self.cache.stores["resourceclaims"].assume(claim)
+            self.ledger.written(claim["metadata"]["uid"], allocated_devices(claim), resource_version(claim))
             out[claim["metadata"]["uid"]] = claim
         return out
 
@@ -319,14 +406,18 @@ class Controller:
 
     def _rollback(self, done: list[Obj], protected: list[Obj], allocs: list[ClaimAllocation]) -> None:
         assert self.writer is not None
+        store = self.cache.stores["resourceclaims"]
         for claim in done:
             try:
-                self.writer.unprotect_claim(self.writer.write_allocation(claim, None))
+                cleared = self.writer.write_allocation(claim, None)
+                store.assume(cleared)
+                self._assume_claim(self.writer.unprotect_claim(cleared))
             except Exception as exc:  # left for the deallocation pass, which sees our finalizer
                 log.warning("rollback failed", claim=object_key(claim), error=str(exc))
         for claim in protected:
             try:
-                self.writer.unprotect_claim(claim)
+                store.assume(claim)
+                self._assume_claim(self.writer.unprotect_claim(claim))
             except Exception as exc:
                 log.warning("rollback failed", claim=object_key(claim), error=str(exc))
         for alloc in allocs:
@@ -335,6 +426,10 @@ class Controller:
             current = self.cache["resourceclaims"].get(object_key(alloc.claim))
             if current is not None:
                 self.ledger.observe(alloc.uid, allocated_devices(current))
+
+    def _assume_claim(self, claim: Obj | None) -> None:
+        if claim is not None:
+            self.cache.stores["resourceclaims"].assume(claim)
 
     def _release(self, pod: Obj, pending: Pending, claims: dict[str, Obj]) -> None:
         assert self.writer is not None
@@ -350,7 +445,7 @@ class Controller:
                 self.dirty.add(object_key(pod))  # claims stay allocated; the retry only releases
                 return
             raise
-        self.cache.stores["pods"].apply(Event("pods", "MODIFIED", obj=released))
+        self.cache.stores["pods"].assume(released)
         self.pending.pop(object_key(pod), None)
         self.metrics.allocation_latency.observe(time.monotonic() - pending.first_seen)
         pins = pinned_nodes(claims.values())
@@ -375,10 +470,7 @@ class Controller:
         claim = self.cache["resourceclaims"].get(key)
         if claim is None:
             return
-        live_refs: set[str] = set()
-        for pod in self.pods_by_uid.values():
-            live_refs |= referenced_claims(pod)
-        action = needs_attention(claim, lambda uid: uid in self.pods_by_uid, lambda k: k in live_refs)
+        action = needs_attention(claim, lambda uid: uid in self.pods_by_uid, self.live_refs.in_use)
         if action is None:
             return
         assert self.writer is not None
@@ -389,8 +481,10 @@ class Controller:
                 return  # the watch brings the new version, which is checked again
             raise
         if result is not None:
-            self.cache.stores["resourceclaims"].apply(Event("resourceclaims", "MODIFIED", obj=result))
-            self.ledger.observe(result["metadata"]["uid"], allocated_devices(result))
+            self.cache.stores["resourceclaims"].assume(result)
+            self.ledger.observe(
+                result["metadata"]["uid"], allocated_devices(result), resource_version(result)
+            )
         self.dirty |= set(self.pending)
 
 

@@ -1,5 +1,10 @@
 """Controller metrics on :31993 (`hami_node_gpu_mig_instance_info` and flexmig's own).
 
+`hami_node_gpu_mig_instance_info` has HAMi's labels exactly, with its constant label zone="vGPU". The
+cluster-wide gauges (instances, gated pods, free placements, fragmentation, shared GPUs) are served by
+the leader only; a standby answers them empty. Per-process series (latencies, webhook admissions,
+`flexmig_build_info`) are each replica's own: scrape the pods (the chart's ServiceMonitor does).
+
 Gauges that describe the cluster are computed at scrape time from an immutable snapshot the controller
 thread publishes after each batch of events (occupancies are immutable values, so the scrape thread
 never sees half an update and never takes the controller's time).
@@ -18,6 +23,7 @@ from prometheus_client import Counter as PromCounter
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from api.buildinfo import HAMI_METRIC_ZONE, build_labels
 from api.constants import DRIVER_NAME, parse_device_name
 from driver.placement.fragmentation import fragmentation
 from driver.policy.model import GpuRef, GpuState
@@ -80,14 +86,16 @@ class _SnapshotCollector(Collector):
         self.owner = owner
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
-        snap = self.owner.snapshot
+        # Cluster-wide gauges come from the leader only: every replica serves /metrics behind one
+        # Service, and a standby's stale snapshot must not be mixed with the leader's answer.
+        snap = self.owner.snapshot if self.owner.leading else Snapshot()
         info = GaugeMetricFamily(
             "hami_node_gpu_mig_instance_info",
             "A MIG instance realised for a pod (1 per instance)",
-            labels=INSTANCE_INFO_LABELS,
+            labels=(*INSTANCE_INFO_LABELS, "zone"),
         )
         for row in snap.instances:
-            info.add_metric(list(row), 1.0)
+            info.add_metric([*row, HAMI_METRIC_ZONE], 1.0)
         yield info
         gated = GaugeMetricFamily(
             "flexmig_gated_pods", "Pods the controller could not place yet, by reason", labels=["reason"]
@@ -182,10 +190,42 @@ class ControllerMetrics:
             "Optimistic-concurrency conflicts (re-read and retried)",
             registry=self.registry,
         )
+        self.skipped = PromCounter(
+            "flexmig_controller_skipped_objects",
+            "Watched objects the controller could not process and skipped (kind, reason: the error type)",
+            ["kind", "reason"],
+            registry=self.registry,
+        )
+        self.loop_errors = PromCounter(
+            "flexmig_controller_loop_errors",
+            "Exceptions caught by a background loop of the controller process (retried with backoff)",
+            ["loop"],
+            registry=self.registry,
+        )
+        self.stale_events = PromCounter(
+            "flexmig_controller_stale_events",
+            "Watch events older than the controller's own write of the object (ignored)",
+            registry=self.registry,
+        )
         self.leader = Gauge(
             "flexmig_leader", "1 while this replica holds the leader lease", registry=self.registry
         )
+        self.leading = True
+        """Whether this replica leads; only then are the cluster-wide gauges served. True until
+        `set_leader` says otherwise (a process without election leads; a standby's snapshot is empty
+        until then anyway)."""
+        self.build_info = Gauge(
+            "flexmig_build_info",
+            "1, labelled with the running build (version, revision, python_version) and component",
+            ["version", "revision", "python_version", "component"],
+            registry=self.registry,
+        )
+        self.build_info.labels(**build_labels(), component="controller").set(1)
         self.registry.register(_SnapshotCollector(self))
+
+    def set_leader(self, leading: bool) -> None:
+        self.leading = leading
+        self.leader.set(1 if leading else 0)
 
     def publish(self, snapshot: Snapshot) -> None:
         self.snapshot = snapshot

@@ -94,6 +94,39 @@ def referenced_claims(pod: Obj) -> set[str]:
     return {f"{ns}/{n}" for n in names if n}
 
 
+class LiveRefs:
+    """Which claims live pods reference, kept per pod as pods come and go, so that a resync asks
+    `in_use(claim)` in O(1) instead of scanning every pod for every claim."""
+
+    def __init__(self) -> None:
+        self._by_pod: dict[str, frozenset[str]] = {}
+        self._count: dict[str, int] = {}
+
+    def set(self, pod_uid: str, refs: Iterable[str]) -> None:
+        new = frozenset(refs)
+        old = self._by_pod.get(pod_uid, frozenset())
+        if new == old:
+            return
+        for key in old - new:
+            left = self._count[key] - 1
+            if left:
+                self._count[key] = left
+            else:
+                del self._count[key]
+        for key in new - old:
+            self._count[key] = self._count.get(key, 0) + 1
+        if new:
+            self._by_pod[pod_uid] = new
+        else:
+            self._by_pod.pop(pod_uid, None)
+
+    def drop(self, pod_uid: str) -> None:
+        self.set(pod_uid, ())
+
+    def in_use(self, claim_key: str) -> bool:
+        return claim_key in self._count
+
+
 def mirror_annotation(pod: Obj, claims: Mapping[str, Obj], inventory: Inventory) -> str | None:
     """HAMi's annotation: per container (init first), the MIG devices it uses; no runtime fields.
 

@@ -8,6 +8,14 @@ server answers 410 Gone (the version was compacted). Failures back off exponenti
 Reflectors never touch shared state: they put events on a queue, and the single controller thread
 applies them (`WatchCache.apply`). A relist arrives as one REPLACE event, from which the store computes
 deletions it missed, so the view converges to the server's even across 410s.
+
+Objects the controller wrote itself are *assumed* (as in kube-scheduler's assume cache): the write's
+result goes into the store at once, and the store never goes back to an older resourceVersion of any
+object. The watch delivers the controller's own earlier writes after it (finalizer, then allocation:
+the finalizer-only event arrives after the allocation is already stored); accepting it would make the
+ledger free the devices and hand them to the next pod. A relist older than a stored version does not
+regress it either, nor delete an object it predates. resourceVersions are compared as integers (etcd
+revisions), as kube-scheduler's assume cache does; one that is not an integer is always accepted.
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ class Event:
     kind: str  # ADDED, MODIFIED, DELETED, REPLACE
     obj: Obj | None = None
     items: tuple[Obj, ...] = ()
+    resource_version: str = ""  # REPLACE: the list's resourceVersion
 
 
 def object_key(obj: Mapping[str, Any]) -> str:
@@ -101,7 +110,8 @@ class Reflector(threading.Thread):
         body = json.loads(resp.data)
         self.resource_version = body["metadata"]["resourceVersion"]
         self.relists += 1
-        self.events.put(Event(self.resource, "REPLACE", items=tuple(body.get("items") or ())))
+        items = tuple(body.get("items") or ())
+        self.events.put(Event(self.resource, "REPLACE", items=items, resource_version=self.resource_version))
 
     def _lines(self) -> Iterator[str]:
         resp = self.list_fn(
@@ -138,37 +148,90 @@ class Reflector(threading.Thread):
             self.events.put(Event(self.resource, str(kind), obj=obj))
 
 
+def resource_version(obj: Mapping[str, Any] | None) -> int | None:
+    """An object's resourceVersion as an integer; None if absent or not an integer."""
+    raw = ((obj or {}).get("metadata") or {}).get("resourceVersion")
+    try:
+        return int(str(raw))
+    except ValueError:
+        return None
+
+
+Change = tuple[str, Obj | None, Obj | None]
+
+
 class Store:
-    """Objects of one resource by namespace/name (cluster-scoped: by name)."""
+    """Objects of one resource by namespace/name (cluster-scoped: by name).
+
+    No object ever goes back to an older resourceVersion: an event or list item older than what is
+    stored (the controller's own newer write, assumed, or a version already seen) is ignored."""
 
     def __init__(self) -> None:
         self.objects: dict[str, Obj] = {}
         self.synced = False
+        self.stale_ignored = 0
 
-    def apply(self, event: Event) -> list[tuple[str, Obj | None, Obj | None]]:
+    def assume(self, obj: Obj) -> list[Change]:
+        """Our own write's result: stored now; older versions the watch still delivers are ignored."""
+        key = object_key(obj)
+        old = self.objects.get(key)
+        if self._stale(key, old, obj):
+            return []  # an even newer version is already here
+        self.objects[key] = obj
+        return [(key, old, obj)]
+
+    def _stale(self, key: str, stored: Obj | None, obj: Obj) -> bool:
+        """Whether `obj` is older than the stored version (and so must not replace it)."""
+        have, got = resource_version(stored), resource_version(obj)
+        if have is None or got is None or got >= have:
+            return False
+        self.stale_ignored += 1
+        log.debug("stale watch event ignored", key=key, event_rv=got, stored_rv=have)
+        return True
+
+    def apply(self, event: Event) -> list[Change]:
         """Apply one event; returns (key, old, new) per changed object (new None = deleted)."""
         if event.kind == "REPLACE":
-            fresh = {object_key(o): o for o in event.items}
-            changes: list[tuple[str, Obj | None, Obj | None]] = [
-                (k, old, None) for k, old in self.objects.items() if k not in fresh
-            ]
-            for k, new in fresh.items():
-                old = self.objects.get(k)
-                if old is None or old.get("metadata", {}).get("resourceVersion") != new["metadata"].get(
-                    "resourceVersion"
-                ):
-                    changes.append((k, old, new))
-            self.objects = fresh
-            self.synced = True
-            return changes
+            return self._replace(event)
         assert event.obj is not None
         key = object_key(event.obj)
         old = self.objects.get(key)
         if event.kind == "DELETED":
+            if old is None:
+                return []
             self.objects.pop(key, None)
             return [(key, old, None)]
+        if self._stale(key, old, event.obj):
+            return []
         self.objects[key] = event.obj
         return [(key, old, event.obj)]
+
+    def _replace(self, event: Event) -> list[Change]:
+        fresh = {object_key(o): o for o in event.items}
+        list_rv = resource_version({"metadata": {"resourceVersion": event.resource_version}})
+        changes: list[Change] = []
+        for k, old in self.objects.items():
+            if k in fresh:
+                continue
+            have = resource_version(old)
+            if have is not None and list_rv is not None and list_rv < have:
+                fresh[k] = old  # listed before this version (our write): the list says nothing of it
+                continue
+            changes.append((k, old, None))
+        for k, new in list(fresh.items()):
+            prev = self.objects.get(k)
+            if new is prev:
+                continue
+            if prev is not None and self._stale(k, prev, new):
+                fresh[k] = prev  # a relist must not regress a newer version (our own write) either
+                continue
+            if prev is None or (prev.get("metadata") or {}).get("resourceVersion") != (
+                new.get("metadata") or {}
+            ).get("resourceVersion"):
+                changes.append((k, prev, new))
+        self.objects = fresh
+        self.synced = True
+        return changes
 
 
 RESOURCES = ("resourceslices", "resourceclaims", "deviceclasses", "pods", "nodes")

@@ -3,6 +3,9 @@
 Each write carries the resourceVersion the decision was made on, so the API server answers 409 if the
 object changed meanwhile (another replica, kube-scheduler, a user); callers re-read and decide again
 instead of overwriting. Merge patches that include `metadata.resourceVersion` get the same guarantee.
+
+Leadership is checked before EVERY write (`NotLeader`), not once per step: a step can outlast the
+renew deadline, and a replica that lost its lease must not write one more object.
 """
 
 from __future__ import annotations
@@ -10,12 +13,13 @@ from __future__ import annotations
 import datetime as dt
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
 from api.constants import ALLOCATION_GATE
+from controller import crashpoints
 from controller.rest import MERGE_PATCH, claim_path, pod_path, request
 
 FINALIZER = "gpu.flexmig.dev/allocation-protection"
@@ -30,6 +34,10 @@ CONDITION_TYPE = "gpu.flexmig.dev/Allocated"
 Obj = dict[str, Any]
 
 
+class NotLeader(Exception):
+    """This replica does not (or no longer) hold the lease: the write was not sent."""
+
+
 def is_conflict(exc: BaseException) -> bool:
     return isinstance(exc, ApiException) and exc.status == 409
 
@@ -42,15 +50,33 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+Send = Callable[..., dict[str, Any]]
+"""`request(api_client, method, path, body, content_type=...)` (controller/rest.py) or a stand-in."""
+
+
 class Writer:
-    def __init__(self, api_client: Any, component: str = "flexmig-controller") -> None:
+    def __init__(
+        self,
+        api_client: Any,
+        component: str = "flexmig-controller",
+        *,
+        is_leader: Callable[[], bool] = lambda: True,
+        send: Send = request,
+    ) -> None:
         self.api = api_client
         self.component = component
+        self.is_leader = is_leader
+        self._send = send
+
+    def _write(self, method: str, path: str, body: Any, content_type: str = "application/json") -> Obj:
+        if not self.is_leader():
+            raise NotLeader(f"not the leader: {method} {path} not sent")
+        return self._send(self.api, method, path, body, content_type=content_type)
 
     # --- claims -------------------------------------------------------------------------------------
 
     def read_claim(self, namespace: str, name: str) -> Obj:
-        return request(self.api, "GET", claim_path(namespace, name))
+        return self._send(self.api, "GET", claim_path(namespace, name))
 
     def protect_claim(self, claim: Mapping[str, Any], pod_uid: str) -> Obj:
         """Add our finalizer and the pod annotation (409 if the claim changed since `claim`).
@@ -63,10 +89,12 @@ class Writer:
         if FINALIZER not in (meta.get("finalizers") or []):
             meta.setdefault("finalizers", []).append(FINALIZER)
         meta.setdefault("annotations", {})[ALLOCATED_FOR_ANNOTATION] = pod_uid
-        return request(self.api, "PUT", claim_path(meta["namespace"], meta["name"]), body)
+        return self._write("PUT", claim_path(meta["namespace"], meta["name"]), body)
 
     def write_allocation(self, claim: Mapping[str, Any], allocation: Mapping[str, Any] | None) -> Obj:
         """Replace status.allocation (None clears it, with the device statuses that depend on it)."""
+        if allocation is not None:
+            crashpoints.reach("before-allocation-write")
         body = json.loads(json.dumps(claim))
         status = body.setdefault("status", {})
         if allocation is None:
@@ -75,7 +103,7 @@ class Writer:
         else:
             status["allocation"] = dict(allocation)
         meta = claim["metadata"]
-        return request(self.api, "PUT", claim_path(meta["namespace"], meta["name"], "status"), body)
+        return self._write("PUT", claim_path(meta["namespace"], meta["name"], "status"), body)
 
     def unprotect_claim(self, claim: Mapping[str, Any]) -> Obj | None:
         """Remove our finalizer and annotation (None if the claim is gone as a result)."""
@@ -84,7 +112,7 @@ class Writer:
         meta["finalizers"] = [f for f in meta.get("finalizers") or [] if f != FINALIZER]
         (meta.get("annotations") or {}).pop(ALLOCATED_FOR_ANNOTATION, None)
         try:
-            return request(self.api, "PUT", claim_path(meta["namespace"], meta["name"]), body)
+            return self._write("PUT", claim_path(meta["namespace"], meta["name"]), body)
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -93,10 +121,11 @@ class Writer:
     # --- pods ---------------------------------------------------------------------------------------
 
     def read_pod(self, namespace: str, name: str) -> Obj:
-        return request(self.api, "GET", pod_path(namespace, name))
+        return self._send(self.api, "GET", pod_path(namespace, name))
 
     def release_pod(self, pod: Mapping[str, Any], annotations: Mapping[str, str]) -> Obj:
         """Write the mirror annotation and remove our scheduling gate (409 if the pod changed)."""
+        crashpoints.reach("before-gate-removal")
         meta = pod["metadata"]
         gates = [
             g
@@ -107,9 +136,7 @@ class Writer:
             "metadata": {"resourceVersion": meta["resourceVersion"], "annotations": dict(annotations)},
             "spec": {"schedulingGates": gates},
         }
-        return request(
-            self.api, "PATCH", pod_path(meta["namespace"], meta["name"]), body, content_type=MERGE_PATCH
-        )
+        return self._write("PATCH", pod_path(meta["namespace"], meta["name"]), body, MERGE_PATCH)
 
     def set_condition(self, pod: Mapping[str, Any], status: str, reason: str, message: str) -> None:
         meta = pod["metadata"]
@@ -121,12 +148,11 @@ class Writer:
             "lastTransitionTime": _now(),
         }
         # Strategic merge: pod conditions merge by type, so other conditions are left alone.
-        request(
-            self.api,
+        self._write(
             "PATCH",
             pod_path(meta["namespace"], meta["name"], "status"),
             {"status": {"conditions": [condition]}},
-            content_type="application/strategic-merge-patch+json",
+            "application/strategic-merge-patch+json",
         )
 
     def event(self, obj: Mapping[str, Any], kind: str, event_type: str, reason: str, message: str) -> None:
@@ -155,4 +181,4 @@ class Writer:
             "count": 1,
             "reportingComponent": self.component,
         }
-        request(self.api, "POST", f"/api/v1/namespaces/{body['metadata']['namespace']}/events", body)
+        self._write("POST", f"/api/v1/namespaces/{body['metadata']['namespace']}/events", body)

@@ -1,0 +1,215 @@
+"""An in-memory API server behind the controller's real `Writer` (its `send` hook), with what matters for
+concurrency: one resourceVersion counter, 409 on a stale resourceVersion, an allocation that cannot be
+changed once set (only cleared), finalizers that hold a deleted claim, and a watch stream the test
+delivers to the controller's event queue when and in whatever order it likes.
+
+Unit tests cannot reach the real control plane's timing; this lets them make the watch late, reorder it
+or replay it (as a slow or reconnecting watch does), and inspect what the "server" stores afterwards.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ctl_helpers import CLASSES, node_slices
+from kubernetes.client.exceptions import ApiException
+
+from api.constants import ALLOCATION_GATE
+from controller.audit import Violation, audit_allocations
+from controller.loop import Controller
+from controller.metrics import ControllerMetrics
+from controller.watchcache import RESOURCES, Event, WatchCache, object_key
+from controller.writer import Writer
+
+Obj = dict[str, Any]
+
+_PATH = re.compile(
+    r"^/(?:api/v1|apis/resource\.k8s\.io/v1)/namespaces/(?P<ns>[^/]+)/(?P<res>pods|resourceclaims|events)"
+    r"(?:/(?P<name>[^/]+))?(?:/(?P<sub>status))?$"
+)
+
+
+def _merge(target: Obj, patch: Mapping[str, Any]) -> None:
+    for k, v in patch.items():
+        if v is None:
+            target.pop(k, None)
+        elif isinstance(v, Mapping) and isinstance(target.get(k), dict):
+            _merge(target[k], v)
+        else:
+            target[k] = copy.deepcopy(v)
+
+
+class FakeApiServer:
+    def __init__(self) -> None:
+        self.rv = 100
+        self.objects: dict[str, dict[str, Obj]] = {r: {} for r in RESOURCES}
+        self.watch: list[Event] = []  # every change, in order; the test delivers them
+        self.events: list[Obj] = []  # core/v1 Events posted
+        self.fail: list[tuple[str, str, int]] = []  # (method, path suffix, status): fail the next match
+        self.requests: list[tuple[str, str]] = []
+
+    # --- what the test does to the cluster ----------------------------------------------------------
+
+    def _bump(self, obj: Obj) -> Obj:
+        self.rv += 1
+        obj["metadata"]["resourceVersion"] = str(self.rv)
+        return obj
+
+    def put_object(self, resource: str, obj: Obj) -> Obj:
+        """Create or overwrite (someone else's write); recorded on the watch."""
+        body = self._bump(copy.deepcopy(obj))
+        key = object_key(body)
+        kind = "MODIFIED" if key in self.objects[resource] else "ADDED"
+        self.objects[resource][key] = body
+        self.watch.append(Event(resource, kind, obj=copy.deepcopy(body)))
+        return body
+
+    def delete_object(self, resource: str, key: str) -> None:
+        obj = self.objects[resource][key]
+        if obj["metadata"].get("finalizers"):
+            obj = copy.deepcopy(obj)
+            obj["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+            self.objects[resource][key] = self._bump(obj)
+            self.watch.append(Event(resource, "MODIFIED", obj=copy.deepcopy(obj)))
+            return
+        del self.objects[resource][key]
+        self.watch.append(Event(resource, "DELETED", obj=self._bump(copy.deepcopy(obj))))
+
+    def lists(self) -> list[Event]:
+        """A REPLACE per resource (what a fresh list returns)."""
+        return [
+            Event(
+                r,
+                "REPLACE",
+                items=tuple(copy.deepcopy(list(self.objects[r].values()))),
+                resource_version=str(self.rv),
+            )
+            for r in RESOURCES
+        ]
+
+    def audit(self) -> list[Violation]:
+        return audit_allocations(
+            self.objects["resourceclaims"].values(), self.objects["resourceslices"].values()
+        )
+
+    def allocations(self) -> dict[str, list[tuple[str, str]]]:
+        out = {}
+        for key, claim in self.objects["resourceclaims"].items():
+            alloc = (claim.get("status") or {}).get("allocation")
+            if alloc:
+                out[key] = [(r["pool"], r["device"]) for r in alloc["devices"]["results"]]
+        return out
+
+    # --- what the controller's Writer sends ---------------------------------------------------------
+
+    def send(self, _api: Any, method: str, path: str, body: Any = None, **_kw: Any) -> Obj:
+        self.requests.append((method, path))
+        for i, (m, suffix, status) in enumerate(self.fail):
+            if m == method and path.endswith(suffix):
+                del self.fail[i]
+                raise ApiException(status=status, reason="injected")
+        match = _PATH.match(path)
+        if match is None:
+            raise ApiException(status=404, reason=f"no such path {path}")
+        ns, res, name, sub = match["ns"], match["res"], match["name"], match["sub"]
+        if res == "events":
+            self.events.append(copy.deepcopy(body))
+            return dict(body)
+        key = f"{ns}/{name}"
+        stored = self.objects[res].get(key)
+        if stored is None:
+            raise ApiException(status=404, reason="NotFound")
+        if method == "GET":
+            return copy.deepcopy(stored)
+        sent_rv = ((body or {}).get("metadata") or {}).get("resourceVersion")
+        if sent_rv is not None and sent_rv != stored["metadata"]["resourceVersion"]:
+            raise ApiException(status=409, reason="Conflict")
+        new = copy.deepcopy(stored)
+        if res == "resourceclaims" and method == "PUT" and sub == "status":
+            before = (stored.get("status") or {}).get("allocation")
+            after = (body.get("status") or {}).get("allocation")
+            if before and after and before != after:
+                raise ApiException(status=422, reason="Invalid: status.allocation is immutable once set")
+            new["status"] = copy.deepcopy(body.get("status") or {})
+        elif res == "resourceclaims" and method == "PUT":
+            if body.get("spec") != stored.get("spec"):
+                raise ApiException(status=422, reason="Invalid: spec is immutable")
+            new["metadata"] = copy.deepcopy(body["metadata"])
+        elif res == "pods" and method == "PATCH" and sub == "status":
+            conditions = {c["type"]: c for c in (new.setdefault("status", {}).get("conditions") or [])}
+            for c in (body.get("status") or {}).get("conditions") or []:
+                conditions[c["type"]] = copy.deepcopy(c)
+            new["status"]["conditions"] = list(conditions.values())
+        elif res == "pods" and method == "PATCH":
+            _merge(new, {k: v for k, v in body.items() if k != "metadata"})
+            _merge(new["metadata"], {k: v for k, v in body["metadata"].items() if k != "resourceVersion"})
+        else:
+            raise ApiException(status=405, reason=f"{method} {path} not supported here")
+        if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
+            del self.objects[res][key]
+            self.watch.append(Event(res, "DELETED", obj=self._bump(new)))
+            return copy.deepcopy(new)
+        self.objects[res][key] = self._bump(new)
+        self.watch.append(Event(res, "MODIFIED", obj=copy.deepcopy(new)))
+        return copy.deepcopy(new)
+
+
+class Harness:
+    """A leading controller whose writes go to a FakeApiServer, and whose watch the test drives."""
+
+    def __init__(
+        self, nodes: Mapping[str, tuple[str, int]], metrics: ControllerMetrics | None = None
+    ) -> None:
+        self.api = FakeApiServer()
+        for node, (model, n) in nodes.items():
+            self.api.put_object("nodes", {"metadata": {"name": node}, "spec": {}})
+            for s in node_slices(node, model, n):
+                self.api.put_object("resourceslices", s)
+        for c in CLASSES.values():
+            self.api.put_object("deviceclasses", c)
+        self.api.watch.clear()
+        self.writer = Writer(None, send=self.api.send)
+        self.ctl = Controller(
+            WatchCache({r: (lambda **_: None) for r in RESOURCES}), self.writer, metrics=metrics
+        )
+        self.delivered = 0
+        self.ctl.apply(self.api.lists())
+
+    def add_claim(self, claim: Obj) -> Obj:
+        return self.api.put_object("resourceclaims", claim)
+
+    def add_pod(self, name: str, claims: Iterable[str], ns: str = "ns") -> Obj:
+        names = list(claims)
+        return self.api.put_object(
+            "pods",
+            {
+                "metadata": {"name": name, "namespace": ns, "uid": f"pod-{name}"},
+                "spec": {
+                    "schedulingGates": [{"name": ALLOCATION_GATE}],
+                    "resourceClaims": [{"name": c, "resourceClaimName": c} for c in names],
+                    "containers": [{"name": "main", "resources": {"claims": [{"name": c} for c in names]}}],
+                },
+            },
+        )
+
+    def pending_watch(self) -> list[Event]:
+        return self.api.watch[self.delivered :]
+
+    def deliver(self, n: int | None = None) -> None:
+        """Put the next `n` (default: all) undelivered watch events on the controller's queue."""
+        todo = self.pending_watch() if n is None else self.pending_watch()[:n]
+        for event in todo:
+            self.ctl.cache.events.put(event)
+        self.delivered += len(todo)
+
+    def cycle(self) -> None:
+        """One iteration of Controller.run: take what is queued, apply it, step."""
+        self.ctl.apply(self.ctl.cache.next_batch(timeout_s=0.0))
+        self.ctl.step()
+
+    def gated(self, name: str, ns: str = "ns") -> bool:
+        pod = self.api.objects["pods"][f"{ns}/{name}"]
+        return any(g.get("name") == ALLOCATION_GATE for g in pod["spec"].get("schedulingGates") or [])
