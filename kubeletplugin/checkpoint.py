@@ -64,17 +64,33 @@ class CheckpointStore:
         self.boot_id = boot_id
         self._lock = threading.RLock()
         self._lock_path = self.path.with_name(self.path.name + ".lock")
+        # The flock fd and how deeply the owning thread is nested in `_locked`. Both are only read or
+        # changed while holding `_lock`. One fd for the whole nesting: a second open() of the lock
+        # file is a second open file description, and flock on it would wait for the first one,
+        # i.e. for ourselves, forever.
+        self._fd: int | None = None
+        self._depth = 0
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         with self._lock:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+            if self._depth == 0:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                except BaseException:
+                    os.close(fd)
+                    raise
+                self._fd = fd
+            self._depth += 1
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
                 yield
             finally:
-                os.close(fd)  # closing releases the flock
+                self._depth -= 1
+                if self._depth == 0 and self._fd is not None:
+                    fd, self._fd = self._fd, None
+                    os.close(fd)  # closing releases the flock
 
     def _temp_prefix(self) -> str:
         return f".{self.path.name}."

@@ -1,4 +1,4 @@
-"""The kubelet plugin's settings: command-line flags, each with an environment-variable fallback.
+"""The kubelet plugin's settings, validated from its flags (`kubeletplugin/flags.py`).
 
 Everything is validated before the plugin touches anything (no directory created, no socket bound, no
 NVML call), and every problem names the flag, its environment variable and what would be accepted, so
@@ -20,92 +20,33 @@ from typing import Any
 
 import yaml
 
-from api.constants import DEFAULT_NODE_METRICS_PORT, DRIVER_NAME
+from api.constants import DRIVER_NAME
+from driver import hamiconfig
 from driver.catalog.allowlist import DEFAULT_MIG_PROFILE_ALLOWLIST, MigProfileAllowlist, parse_allowlist
-from kubeletplugin.checkpoint import DEFAULT_BOOT_ID_PATH
-from kubeletplugin.grpcserver.server import DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR, MAX_SOCKET_PATH
+from kubeletplugin.flags import (  # re-exported: callers take flags and settings from one place
+    DEFAULT_HAMI_CORE_DIR,
+    DEFAULT_HAMI_CORE_LIBRARY,
+    FLAGS,
+    LOG_FORMATS,
+    LOG_LEVELS,
+    ConfigError,
+    Flag,
+    UnenforcedShares,
+    add_flags,
+    raw_value,
+)
+from kubeletplugin.grpcserver.server import MAX_SOCKET_PATH
 from kubeletplugin.nodeconfig import (
-    DEFAULT_DEVICE_SPLIT_COUNT,
     NodeConfig,
     NodeConfigError,
     OperatingMode,
+    check_scaling,
     check_split_count,
     node_config_for,
+    unused_entry_keys,
 )
 
-DEFAULT_CDI_DIR = "/var/run/cdi"
-# HAMi's host layout: the library its device plugin installs, and the directory beside it where the
-# plugin keeps the ld.so.preload file and per-claim shared-region caches.
-DEFAULT_HAMI_CORE_LIBRARY = "/usr/local/vgpu/libvgpu.so"
-DEFAULT_HAMI_CORE_DIR = "/usr/local/vgpu"
-DEFAULT_CHECKPOINT = f"{DEFAULT_PLUGINS_DIR}/{DRIVER_NAME}/checkpoint.json"
-LOG_LEVELS = ("debug", "info", "warning", "error")
-LOG_FORMATS = ("auto", "json", "console")
 _DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-
-
-class ConfigError(ValueError):
-    """A setting is invalid; the message starts with the flag and its environment variable."""
-
-
-@dataclass(frozen=True, slots=True)
-class Flag:
-    name: str  # without the leading dashes
-    env: tuple[str, ...]  # environment variables, first found wins
-    default: str
-    help: str
-
-    @property
-    def dest(self) -> str:
-        return self.name.replace("-", "_")
-
-    def label(self) -> str:
-        return f"--{self.name} (env {' / '.join(self.env)})" if self.env else f"--{self.name}"
-
-
-FLAGS: tuple[Flag, ...] = (
-    Flag("node-name", ("FLEXMIG_NODE_NAME", "NODE_NAME"), "", "this node's name (required; the pool name)"),
-    Flag("registry-dir", ("FLEXMIG_REGISTRY_DIR",), str(DEFAULT_REGISTRY_DIR), "kubelet plugin registry dir"),
-    Flag("plugins-dir", ("FLEXMIG_PLUGINS_DIR",), str(DEFAULT_PLUGINS_DIR), "kubelet plugins dir (dra.sock)"),
-    Flag("cdi-dir", ("FLEXMIG_CDI_DIR",), DEFAULT_CDI_DIR, "where per-claim CDI specs are written"),
-    Flag("checkpoint-path", ("FLEXMIG_CHECKPOINT_PATH",), DEFAULT_CHECKPOINT, "prepared-claims checkpoint"),
-    Flag("boot-id-path", ("FLEXMIG_BOOT_ID_PATH",), DEFAULT_BOOT_ID_PATH, "file holding the node boot ID"),
-    Flag("nvml", ("FLEXMIG_NVML",), "real", 'NVML backend: "real" or "sim:<state file>"'),
-    Flag("kubeconfig", ("KUBECONFIG",), "", "kubeconfig file; empty = in-cluster service account"),
-    Flag("device-config", ("FLEXMIG_DEVICE_CONFIG",), "", "YAML/JSON file with migProfileAllowlist"),
-    Flag("node-config", ("FLEXMIG_NODE_CONFIG",), "", "YAML/JSON file with the HAMi `nodeconfig` list"),
-    Flag(
-        "operating-mode",
-        ("FLEXMIG_OPERATING_MODE",),
-        OperatingMode.HAMI_CORE.value,
-        "mode of a node without a nodeconfig entry: mig, hami-core or mps (HAMi's default is hami-core)",
-    ),
-    Flag(
-        "device-split-count",
-        ("FLEXMIG_DEVICE_SPLIT_COUNT",),
-        str(DEFAULT_DEVICE_SPLIT_COUNT),
-        "HAMi-core shares per GPU on a hami-core node (nodeconfig `devicesplitcount` overrides it per node)",
-    ),
-    Flag(
-        "hami-core-library",
-        ("FLEXMIG_HAMI_CORE_LIBRARY",),
-        DEFAULT_HAMI_CORE_LIBRARY,
-        "host path of HAMi-core's libvgpu.so, mounted and preloaded into containers of shared GPUs",
-    ),
-    Flag(
-        "hami-core-dir",
-        ("FLEXMIG_HAMI_CORE_DIR",),
-        DEFAULT_HAMI_CORE_DIR,
-        "host directory for the ld.so.preload file, per-claim HAMi-core caches and the vgpulock dir",
-    ),
-    Flag("metrics-address", ("FLEXMIG_METRICS_ADDRESS",), "0.0.0.0", "metrics/healthz bind address"),
-    Flag(
-        "metrics-port",
-        ("FLEXMIG_METRICS_PORT",),
-        str(DEFAULT_NODE_METRICS_PORT),
-        "metrics/healthz port; 0 = ephemeral (the bound port is logged); -1 = disabled",
-    ),
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,29 +63,19 @@ class PluginConfig:
     node_config: NodeConfig
     metrics_address: str
     metrics_port: int | None  # None: no metrics server
+    reconcile_interval_s: float = 60.0
     hami_core_library: Path = Path(DEFAULT_HAMI_CORE_LIBRARY)
     hami_core_dir: Path = Path(DEFAULT_HAMI_CORE_DIR)
+    unenforced_shares: UnenforcedShares = UnenforcedShares.REFUSE
+    unused_device_keys: tuple[str, ...] = ()  # device config and nodeconfig keys with no effect
+    dev_root: Path = Path("/")
+    driver_root: Path = Path("/")
+    proc_root: Path = Path("/proc")
+    nvidia_cdi_hook: str = "/usr/bin/nvidia-cdi-hook"
 
     @property
     def is_simulated(self) -> bool:
         return self.nvml_spec.startswith("sim:")
-
-
-def add_flags(parser: argparse.ArgumentParser) -> None:
-    for flag in FLAGS:
-        env = f" [env {', '.join(flag.env)}]" if flag.env else ""
-        default = f" (default {flag.default!r})" if flag.default else ""
-        parser.add_argument(f"--{flag.name}", dest=flag.dest, default=None, help=flag.help + env + default)
-
-
-def _raw(flag: Flag, args: argparse.Namespace, env: Mapping[str, str]) -> str:
-    value = getattr(args, flag.dest, None)
-    if value is not None:
-        return str(value)
-    for name in flag.env:
-        if env.get(name, "").strip():
-            return env[name].strip()
-    return flag.default
 
 
 def _abs_dir(flag: Flag, value: str) -> Path:
@@ -164,19 +95,48 @@ def _load_document(flag: Flag, value: str) -> Any:
         raise ConfigError(f"{flag.label()}: {value!r} is neither valid YAML nor JSON: {exc}") from exc
 
 
-def _allowlist(flag: Flag, value: str) -> MigProfileAllowlist:
+@dataclass(frozen=True, slots=True)
+class DeviceSettings:
+    """What the plugin takes from HAMi's device config (`nvidia:` of device-config.yaml)."""
+
+    allowlist: MigProfileAllowlist = DEFAULT_MIG_PROFILE_ALLOWLIST
+    split_count: int | None = None  # nvidia.deviceSplitCount; None: not given
+    scaling: tuple[float, float] = (1.0, 1.0)  # nvidia.deviceMemoryScaling, deviceCoreScaling (applied)
+    unused_keys: tuple[str, ...] = ()  # keys flexmig does not use, for the one start-up warning
+
+
+def _device_settings(flag: Flag, value: str) -> DeviceSettings:
     if not value:
-        return DEFAULT_MIG_PROFILE_ALLOWLIST
-    doc = _load_document(flag, value)
-    # Accept the HAMi ConfigMap shape ({nvidia: {migProfileAllowlist: [...]}}) and the bare key.
-    if isinstance(doc, dict) and isinstance(doc.get("nvidia"), dict):
-        doc = doc["nvidia"]
-    if not isinstance(doc, dict) or "migProfileAllowlist" not in doc:
-        raise ConfigError(f"{flag.label()}: {value!r} has no top-level 'migProfileAllowlist' list")
+        return DeviceSettings()
+    raw = _load_document(flag, value)
     try:
-        return parse_allowlist(doc["migProfileAllowlist"])
+        # HAMi's device-config.yaml as written ({nvidia: {...}, <other vendors>: ...}), the ConfigMap
+        # or its data map, or flexmig's bare {migProfileAllowlist: [...]}.
+        doc = hamiconfig.device_config_document(raw, repr(value))
+        section = hamiconfig.nvidia_section(doc, repr(value)) if "nvidia" in doc else doc
+    except hamiconfig.DeviceConfigError as exc:
+        raise ConfigError(f"{flag.label()}: {exc}") from None
+    if "migProfileAllowlist" not in section:
+        raise ConfigError(f"{flag.label()}: {value!r} has no 'nvidia.migProfileAllowlist' list")
+    try:
+        allowlist = parse_allowlist(section["migProfileAllowlist"])
     except ValueError as exc:
-        raise ConfigError(f"{flag.label()}: {value!r}: {exc}") from exc
+        raise ConfigError(f"{flag.label()}: {value!r}: nvidia.migProfileAllowlist: {exc}") from exc
+    split: int | None = None
+    if section.get("deviceSplitCount") is not None:
+        try:
+            split = check_split_count(section["deviceSplitCount"])
+        except ValueError as exc:
+            raise ConfigError(f"{flag.label()}: {value!r}: nvidia.deviceSplitCount: {exc}") from None
+    scaling = [1.0, 1.0]
+    for i, key in enumerate(("deviceMemoryScaling", "deviceCoreScaling")):
+        if section.get(key) is not None:
+            try:
+                scaling[i] = check_scaling(section[key])
+            except ValueError as exc:
+                raise ConfigError(f"{flag.label()}: {value!r}: nvidia.{key}: {exc}") from None
+    unused = hamiconfig.unused_keys(doc) if "nvidia" in doc else []
+    return DeviceSettings(allowlist, split, (scaling[0], scaling[1]), tuple(unused))
 
 
 def _split_count(flag: Flag, value: str) -> int:
@@ -187,17 +147,29 @@ def _split_count(flag: Flag, value: str) -> int:
 
 
 def _node_config(
-    flag: Flag, value: str, node_name: str, default_mode: OperatingMode, split_count: int
-) -> NodeConfig:
+    flag: Flag,
+    value: str,
+    node_name: str,
+    default_mode: OperatingMode,
+    split_count: int,
+    scaling: tuple[float, float] = (1.0, 1.0),
+) -> tuple[NodeConfig, list[str]]:
+    """This node's settings and the HAMi keys of the file that have no effect."""
     if not value:
-        return NodeConfig(name=node_name, operating_mode=default_mode, device_split_count=split_count)
+        return NodeConfig(
+            name=node_name,
+            operating_mode=default_mode,
+            device_split_count=split_count,
+            memory_scaling=scaling[0],
+            core_scaling=scaling[1],
+        ), []
     doc = _load_document(flag, value)
     if doc is None:
         doc = {}
     if not isinstance(doc, dict):
         raise ConfigError(f"{flag.label()}: {value!r} must hold an object with a 'nodeconfig' list")
     try:
-        return node_config_for(doc, node_name, default_mode, split_count)
+        return node_config_for(doc, node_name, default_mode, split_count, scaling), unused_entry_keys(doc)
     except NodeConfigError as exc:
         raise ConfigError(f"{flag.label()}: {value!r}: {exc}") from exc
 
@@ -229,11 +201,21 @@ def _metrics_port(flag: Flag, value: str) -> int | None:
     return port
 
 
+def _reconcile_interval(flag: Flag, value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not 1 <= seconds <= 86400:  # NaN fails too
+        raise ConfigError(f"{flag.label()}: {value!r}; allowed: a number of seconds in 1..86400")
+    return seconds
+
+
 def load_config(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> PluginConfig:
     """Validate every setting; raises ConfigError naming the first bad one. Reads files, writes nothing."""
     environ = os.environ if env is None else env
     by_name = {f.name: f for f in FLAGS}
-    raw = {f.name: _raw(f, args, environ) for f in FLAGS}
+    raw = {f.name: raw_value(f, args, environ) for f in FLAGS}
 
     node = raw["node-name"]
     if not node:
@@ -244,7 +226,16 @@ def load_config(args: argparse.Namespace, env: Mapping[str, str] | None = None) 
         )
 
     dirs = {
-        n: _abs_dir(by_name[n], raw[n]) for n in ("registry-dir", "plugins-dir", "cdi-dir", "hami-core-dir")
+        n: _abs_dir(by_name[n], raw[n])
+        for n in (
+            "registry-dir",
+            "plugins-dir",
+            "cdi-dir",
+            "hami-core-dir",
+            "dev-root",
+            "driver-root",
+            "proc-root",
+        )
     }
     # The library may be missing (reported at start and as a metric), but its path must be absolute:
     # it is a host path written into CDI specs.
@@ -270,6 +261,28 @@ def load_config(args: argparse.Namespace, env: Mapping[str, str] | None = None) 
         allowed = ", ".join(m.value for m in OperatingMode)
         raise ConfigError(f"{by_name['operating-mode'].label()}: {mode_raw!r}; allowed: {allowed}") from None
 
+    try:
+        unenforced = UnenforcedShares(raw["unenforced-shares"])
+    except ValueError:
+        allowed = ", ".join(m.value for m in UnenforcedShares)
+        raise ConfigError(
+            f"{by_name['unenforced-shares'].label()}: {raw['unenforced-shares']!r}; allowed: {allowed}"
+        ) from None
+
+    device = _device_settings(by_name["device-config"], raw["device-config"])
+    # --device-split-count (flag or env) > the device config's deviceSplitCount > HAMi's default 10.
+    split_flag = by_name["device-split-count"]
+    split_given = getattr(args, split_flag.dest, None) is not None or any(
+        environ.get(e, "").strip() for e in split_flag.env
+    )
+    split_count = _split_count(split_flag, raw["device-split-count"])
+    if not split_given and device.split_count is not None:
+        split_count = device.split_count
+
+    node_config, unused_node_keys = _node_config(
+        by_name["node-config"], raw["node-config"], node, default_mode, split_count, device.scaling
+    )
+
     kubeconfig = raw["kubeconfig"]
     if kubeconfig and not Path(kubeconfig).is_file():
         raise ConfigError(f"{by_name['kubeconfig'].label()}: {kubeconfig!r} does not exist")
@@ -285,16 +298,29 @@ def load_config(args: argparse.Namespace, env: Mapping[str, str] | None = None) 
         boot_id_path=files["boot-id-path"],
         nvml_spec=_check_nvml(by_name["nvml"], raw["nvml"]),
         kubeconfig=Path(kubeconfig) if kubeconfig else None,
-        allowlist=_allowlist(by_name["device-config"], raw["device-config"]),
-        node_config=_node_config(
-            by_name["node-config"],
-            raw["node-config"],
-            node,
-            default_mode,
-            _split_count(by_name["device-split-count"], raw["device-split-count"]),
-        ),
+        allowlist=device.allowlist,
+        node_config=node_config,
+        unused_device_keys=(*device.unused_keys, *unused_node_keys),
         metrics_address=raw["metrics-address"],
         metrics_port=_metrics_port(by_name["metrics-port"], raw["metrics-port"]),
+        reconcile_interval_s=_reconcile_interval(by_name["reconcile-interval"], raw["reconcile-interval"]),
         hami_core_library=files["hami-core-library"],
         hami_core_dir=dirs["hami-core-dir"],
+        unenforced_shares=unenforced,
+        dev_root=dirs["dev-root"],
+        driver_root=dirs["driver-root"],
+        proc_root=dirs["proc-root"],
+        nvidia_cdi_hook=str(_abs_dir(by_name["nvidia-cdi-hook-path"], raw["nvidia-cdi-hook-path"])),
     )
+
+
+__all__ = [
+    "FLAGS",
+    "LOG_FORMATS",
+    "LOG_LEVELS",
+    "ConfigError",
+    "PluginConfig",
+    "UnenforcedShares",
+    "add_flags",
+    "load_config",
+]

@@ -52,7 +52,7 @@ class HamiCoreSupport:
                 log.info("HAMi-core library found: shared GPUs are enforced", library=str(self.paths.library))
         elif changed:
             log.warning(
-                "HAMi-core library not usable: shared GPUs will be prepared WITHOUT enforcement",
+                "HAMi-core library not usable: GPU shares cannot be enforced (see --unenforced-shares)",
                 library=str(self.paths.library),
                 reason=result.reason,
                 fix="install HAMi-core's libvgpu.so at this host path (or set --hami-core-library)",

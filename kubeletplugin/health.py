@@ -1,6 +1,7 @@
 """Device health from NVML events, for kubelet's DRAResourceHealth stream.
 
-A background thread waits on NVML's event set (XID critical errors, double-bit ECC). An event scoped
+A background loop (driver.looprunner: it survives any exception with backoff and shows in /healthz)
+waits on NVML's event set (XID critical errors, double-bit ECC). An event scoped
 to a GPU instance marks the MIG device realised on that GI unhealthy, for as long as that instance
 exists (a new prepare creates a fresh one). An event for the whole GPU marks the GPU and every device
 on it unhealthy until the plugin restarts, which is when an administrator has looked at the GPU.
@@ -16,6 +17,7 @@ from collections.abc import Callable, Sequence
 
 import structlog
 
+from driver.looprunner import LoopRunner
 from driver.nvml.port import Nvml
 from driver.nvml.types import HealthEvent, HealthEventKind, NvmlError
 from kubeletplugin.checkpoint import CheckpointStore
@@ -43,6 +45,7 @@ class NvmlHealthSource:
         pool: str,
         *,
         clock: Callable[[], float] = time.time,
+        on_error: Callable[[Exception], None] | None = None,
     ) -> None:
         self._nvml = nvml
         self._inventory = inventory
@@ -53,28 +56,34 @@ class NvmlHealthSource:
         self._version = 0
         self._bad_gpus: dict[int, str] = {}
         self._bad_instances: dict[tuple[int, int], str] = {}  # (gpu, gi id) -> message
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="flexmig-health", daemon=True)
+        self._more = threading.Event()  # set when a round found events: look again without pausing
+        self.runner = LoopRunner(
+            "health-events",
+            self._round,
+            interval_s=_PAUSE_S,
+            wake=self._more,
+            backoff_start_s=_ERROR_PAUSE_S,
+            backoff_max_s=60.0,
+            on_error=on_error,
+        )
 
     def start(self) -> None:
-        self._thread.start()
+        self.runner.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
+        self.runner.stop()
+        self.runner.join(5)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                events = self._nvml.wait_health_events(_WAIT_MS)
-            except NvmlError as exc:
-                log.error("waiting for NVML health events failed", error=str(exc))
-                self._stop.wait(_ERROR_PAUSE_S)
-                continue
-            for event in events:
-                self.record(event)
-            if not events:
-                self._stop.wait(_PAUSE_S)
+    def _round(self) -> None:
+        try:
+            events = self._nvml.wait_health_events(_WAIT_MS)
+        except NvmlError as exc:
+            log.error("waiting for NVML health events failed", error=str(exc))
+            raise
+        for event in events:
+            self.record(event)
+        if events:
+            self._more.set()
 
     def record(self, event: HealthEvent) -> None:
         if event.kind is HealthEventKind.XID and event.xid in APPLICATION_XIDS:

@@ -20,6 +20,10 @@ log = structlog.get_logger(__name__)
 
 JsonDict = dict[str, Any]
 
+# (connect, read) seconds for every request: without it the client waits forever on an API server
+# that accepts the connection but never answers, and the loop doing the call looks stuck.
+REQUEST_TIMEOUT = (5.0, 30.0)
+
 
 @dataclass(frozen=True, slots=True)
 class AllocatedDevice:
@@ -112,7 +116,9 @@ class KubeClaimApi:
 
     def get_claim(self, namespace: str, name: str) -> ClaimView:
         try:
-            obj = self._resource.read_namespaced_resource_claim(name=name, namespace=namespace)
+            obj = self._resource.read_namespaced_resource_claim(
+                name=name, namespace=namespace, _request_timeout=REQUEST_TIMEOUT
+            )
         except ApiException as exc:
             if exc.status == 404:
                 raise ClaimNotFound(f"ResourceClaim {namespace}/{name} not found") from exc
@@ -122,7 +128,9 @@ class KubeClaimApi:
     def set_device_status(self, claim: ClaimView, devices: list[JsonDict]) -> None:
         """Replace this driver's entries in status.devices, keeping other drivers' entries."""
         current = self._to_dict(
-            self._resource.read_namespaced_resource_claim_status(name=claim.name, namespace=claim.namespace)
+            self._resource.read_namespaced_resource_claim_status(
+                name=claim.name, namespace=claim.namespace, _request_timeout=REQUEST_TIMEOUT
+            )
         )
         meta = current.get("metadata") or {}
         if meta.get("uid") != claim.uid:
@@ -139,11 +147,16 @@ class KubeClaimApi:
             namespace=claim.namespace,
             body=body,
             _content_type="application/merge-patch+json",
+            _request_timeout=REQUEST_TIMEOUT,
         )
 
     def get_pod(self, namespace: str, name: str) -> JsonDict | None:
         try:
-            return self._to_dict(self._core.read_namespaced_pod(name=name, namespace=namespace))
+            return self._to_dict(
+                self._core.read_namespaced_pod(
+                    name=name, namespace=namespace, _request_timeout=REQUEST_TIMEOUT
+                )
+            )
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -153,7 +166,11 @@ class KubeClaimApi:
         body = {"metadata": {"annotations": {key: value}}}
         try:
             self._core.patch_namespaced_pod(
-                name=name, namespace=namespace, body=body, _content_type="application/merge-patch+json"
+                name=name,
+                namespace=namespace,
+                body=body,
+                _content_type="application/merge-patch+json",
+                _request_timeout=REQUEST_TIMEOUT,
             )
         except ApiException as exc:
             if exc.status == 404:

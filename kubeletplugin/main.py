@@ -1,48 +1,71 @@
 """The node agent process: wires NVML, checkpoint, API, reconcile, gRPC servers, slices and metrics.
 
 Start-up order matters:
-  metrics server (so a crash-looping plugin is still observable) -> NVML -> GPU catalog -> checkpoint
-  (a corrupt one stops the plugin: guessing would leak or destroy instances) -> API client ->
-  startup reconcile (before kubelet can call us) -> health watcher -> gRPC servers -> slice publisher.
-The publisher runs on every (re)registration, because kubelet wipes the node's slices then.
+  metrics server (so a crash-looping plugin is still observable) -> node lock and socket check (a
+  second instance exits here, having touched nothing: kubeletplugin/nodelock.py) -> NVML -> GPU
+  catalog -> checkpoint (a corrupt one stops the plugin: guessing would leak or destroy instances) ->
+  API client -> permission check (kubeletplugin/access.py; nothing has changed NVML state yet) ->
+  startup reconcile (before kubelet can call us) -> first periodic reconcile pass -> health watcher
+  -> gRPC servers -> slice publisher.
+The publisher runs on every (re)registration, because kubelet wipes the node's slices then, and keeps
+checking for a while after it (kubeletplugin/publisher.py).
+
+Every background loop (slice publisher and its drift check, health events, periodic reconcile, the
+metrics/healthz server) is a driver.looprunner.LoopRunner: it survives any exception with backoff,
+and /healthz answers 503 naming a loop that is dead or stuck.
 
 Which devices exist is decided once, at start, from the catalog, the node config and each GPU's MIG
 mode (design.md: Ampere publishes what its current mode allows). A GPU reset that changes an Ampere
 GPU's mode therefore needs a plugin restart, which an administrator doing a reset does anyway.
+One exception: a GPU whose NVML refused profile queries with MIG off is re-read once MIG is on, and
+republished if NVML disagrees with what was published (kubeletplugin/inventory.py, docs/hardware.md).
 """
 
 from __future__ import annotations
 
 import signal
+from collections.abc import Sequence
+from pathlib import Path
 
 import structlog
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 from api.constants import DRIVER_NAME
-from driver import cdi
+from driver import cdi, hamiconfig
 from driver.catalog.discover import discover_all
+from driver.catalog.types import GpuCatalog
 from driver.hamicore import HamiCorePaths
+from driver.looprunner import LoopGroup, LoopRunner
 from driver.nvml.backend import open_nvml
 from driver.nvml.port import Nvml
 from driver.nvml.types import GpuInfo, NvmlError
+from kubeletplugin.access import AccessDenied, AccessUnknown, api_review, check_access, whoami
+from kubeletplugin.cdiwriter import host_spec_writer
 from kubeletplugin.checkpoint import CheckpointStore, read_boot_id
 from kubeletplugin.checkpoint_model import CheckpointCorrupt
-from kubeletplugin.config import PluginConfig
+from kubeletplugin.config import PluginConfig, UnenforcedShares
 from kubeletplugin.crashpoints import Crashpoints
 from kubeletplugin.grpcserver import PluginServers, install_signal_handlers
+from kubeletplugin.grpcserver.server import socket_in_use, socket_paths
 from kubeletplugin.hamicoresupport import HamiCoreSupport
 from kubeletplugin.health import NvmlHealthSource
-from kubeletplugin.inventory import Inventory
-from kubeletplugin.kubeapi import KubeClaimApi
+from kubeletplugin.inventory import CatalogVerifier, Inventory, verifying_builder
+from kubeletplugin.kubeapi import REQUEST_TIMEOUT, KubeClaimApi
 from kubeletplugin.metrics import MetricsServer, NodeMetrics
 from kubeletplugin.migmode import MigModeManager
+from kubeletplugin.nodeconfig import OperatingMode
+from kubeletplugin.nodeevents import report_shares
+from kubeletplugin.nodelock import NodeBusy, NodeLock, check_sockets_free
 from kubeletplugin.nvmlops import NvmlOps
+from kubeletplugin.periodic import PeriodicReconciler
 from kubeletplugin.preparer import Preparer
 from kubeletplugin.publisher import SlicePublisher
 from kubeletplugin.reconcile import reconcile
+from kubeletplugin.shareddevice import ShareEnforcement
 from kubeletplugin.slices import NodeSlices, build_node_slices
 from kubeletplugin.statuswriter import StatusWriter
+from kubeletplugin.withdraw import without_devices
 
 log = structlog.get_logger(__name__)
 
@@ -57,7 +80,7 @@ def _api_client(cfg: PluginConfig) -> k8s.ApiClient:
 
 def _node_uid(api_client: k8s.ApiClient, node: str) -> str | None:
     try:
-        meta = k8s.CoreV1Api(api_client).read_node(node).metadata
+        meta = k8s.CoreV1Api(api_client).read_node(node, _request_timeout=REQUEST_TIMEOUT).metadata
         uid = meta.uid if meta is not None else None
     except Exception as exc:  # slices without an owner still work; only garbage collection is lost
         log.warning("cannot read the Node object; slices get no owner reference", node=node, error=str(exc))
@@ -75,11 +98,6 @@ def _mig_modes(ops: NvmlOps, gpus: list[GpuInfo]) -> dict[int, bool]:
     return modes
 
 
-def _published_inventory(full: Inventory, slices: NodeSlices) -> Inventory:
-    names = {d["name"] for s in slices.slices for d in s.body["spec"].get("devices") or []}
-    return Inventory({n: d for n in names if (d := full.get(n)) is not None})
-
-
 class NodeAgent:
     """One plugin process's components; `run()` blocks until SIGTERM/SIGINT."""
 
@@ -87,15 +105,39 @@ class NodeAgent:
         self.cfg = cfg
         self.metrics = NodeMetrics()
         self.servers: PluginServers | None = None
+        self.loops = LoopGroup()
 
     def healthy(self) -> tuple[bool, str]:
         if self.servers is None or self.servers.stopped:
             return False, "starting or stopping\n"
         st = self.servers.state.status()
-        return True, f"serving; registered={st.registered} registrations={st.registrations}\n"
+        ok, loops = self.loops.check()
+        return ok, f"serving; registered={st.registered} registrations={st.registrations}\n{loops}"
+
+    def _lock_node(self) -> NodeLock | None:
+        """The node lock, with the sockets checked free; None (logged) when another instance runs."""
+        lock = NodeLock(self.cfg.checkpoint_path)
+        try:
+            lock.acquire()
+            check_sockets_free(socket_paths(self.cfg.registry_dir, self.cfg.plugins_dir), socket_in_use)
+        except (NodeBusy, OSError) as exc:
+            lock.release()
+            log.error("cannot become this node's kubelet plugin", error=str(exc))
+            return None
+        return lock
+
+    def _access_ok(self, api_client: k8s.ApiClient) -> bool:
+        try:
+            check_access(api_review(api_client), who=whoami(api_client))
+        except (AccessDenied, AccessUnknown) as exc:
+            log.error("refusing to start: missing API permissions", error=str(exc))
+            return False
+        return True
 
     def run(self) -> int:
         cfg = self.cfg
+        if cfg.unused_device_keys:
+            log.warning(hamiconfig.unused_keys_message(list(cfg.unused_device_keys)))
         metrics_server: MetricsServer | None = None
         if cfg.metrics_port is not None:
             try:
@@ -112,6 +154,13 @@ class NodeAgent:
                 return 1
             metrics_server.start()
             log.info("metrics server listening", address=cfg.metrics_address, port=metrics_server.port)
+        if metrics_server is not None:
+            self.loops.add(metrics_server.runner)
+        node_lock = self._lock_node()
+        if node_lock is None:
+            if metrics_server is not None:
+                metrics_server.stop()
+            return 1
         nvml = open_nvml(cfg.nvml_spec)
         try:
             nvml.init()
@@ -119,10 +168,12 @@ class NodeAgent:
             log.error("NVML initialisation failed", backend=cfg.nvml_spec, error=str(exc))
             if metrics_server is not None:
                 metrics_server.stop()
+            node_lock.release()
             return 1
         try:
             return self._serve(nvml)
         finally:
+            node_lock.release()
             if metrics_server is not None:
                 metrics_server.stop()
             try:
@@ -151,15 +202,40 @@ class NodeAgent:
             )
             return 1
         api_client = _api_client(cfg)
+        if not self._access_ok(api_client):
+            return 1
         node_uid = _node_uid(api_client, cfg.node_name)
 
-        def build(generation: int) -> NodeSlices:
+        hami_core: HamiCoreSupport | None = None
+        shares = ShareEnforcement.ENFORCED
+        if any(cfg.node_config.gpu_mode(g.mig_capable) is OperatingMode.HAMI_CORE for g in gpus):
+            hami_core = HamiCoreSupport(
+                HamiCorePaths(cfg.hami_core_library, cfg.hami_core_dir), cfg.node_name, metrics
+            )
+            try:
+                library = hami_core.check()  # logs a warning and sets the metric when absent
+            except OSError as exc:  # e.g. the ld.so.preload file cannot be written
+                log.error("cannot set up HAMi-core", dir=str(cfg.hami_core_dir), error=str(exc))
+                return 1
+            if not library.present:
+                shares = (
+                    ShareEnforcement.UNENFORCED
+                    if cfg.unenforced_shares is UnenforcedShares.PUBLISH
+                    else ShareEnforcement.REFUSED
+                )
+            metrics.add_refresher(hami_core.check)  # installing the library shows up at the next scrape
+
+        def build_from(current: Sequence[GpuCatalog], generation: int) -> NodeSlices:
             return build_node_slices(
-                catalogs, cfg.node_name, generation, cfg.node_config, modes, node_uid=node_uid
+                current, cfg.node_name, generation, cfg.node_config, modes, node_uid=node_uid, shares=shares
             )
 
-        inventory = _published_inventory(Inventory.from_catalogs(catalogs), build(0))
-        for g in build(0).gpus:
+        published = build_from(catalogs, 0)
+        inventory = Inventory.published(catalogs, published)
+        # Catalogs NVML refused while MIG was off are checked once MIG is on; a difference republishes.
+        build = verifying_builder(CatalogVerifier(nvml, catalogs, cfg.allowlist), inventory, build_from)
+        report_shares(api_client, cfg, node_uid, published, metrics)
+        for g in published.gpus:
             log.info(
                 "GPU publication",
                 gpu=g.gpu_index,
@@ -169,17 +245,6 @@ class NodeAgent:
                 shared=g.shared,
                 reason=g.reason,
             )
-        hami_core: HamiCoreSupport | None = None
-        if cfg.node_config.publishes_shared:
-            hami_core = HamiCoreSupport(
-                HamiCorePaths(cfg.hami_core_library, cfg.hami_core_dir), cfg.node_name, metrics
-            )
-            try:
-                hami_core.check()  # logs a warning and sets the metric when the library is absent
-            except OSError as exc:  # e.g. the ld.so.preload file cannot be written
-                log.error("cannot set up HAMi-core", dir=str(cfg.hami_core_dir), error=str(exc))
-                return 1
-            metrics.add_refresher(hami_core.check)  # installing the library shows up at the next scrape
         api = KubeClaimApi(api_client, DRIVER_NAME)
         status = StatusWriter(api, store, metrics, cfg.node_name)
         migmode = MigModeManager(ops, {g.index: g for g in gpus}, metrics)
@@ -200,6 +265,16 @@ class NodeAgent:
             mig_minors=None if cfg.is_simulated else cdi.read_mig_minors(),
             crash=crash,
             hami_core=hami_core,
+            shared_split_count=cfg.node_config.device_split_count,
+            specs=host_spec_writer(
+                cdi_dir=cfg.cdi_dir,
+                dev_root=cfg.dev_root,
+                driver_root=cfg.driver_root,
+                proc_root=cfg.proc_root,
+                cdi_hook=cfg.nvidia_cdi_hook,
+                simulated=cfg.is_simulated,
+                proc_root_is_default=cfg.proc_root == Path("/proc"),
+            ),
         )
         reconcile(
             preparer=preparer,
@@ -210,17 +285,54 @@ class NodeAgent:
             migmode=migmode,
             status=status,
             metrics=metrics,
-            manage_mig_mode=not cfg.node_config.publishes_shared,
+            # flexmig never changes MIG mode on a node the admin declared hami-core.
+            manage_mig_mode=cfg.node_config.operating_mode is not OperatingMode.HAMI_CORE,
         )
-        health = NvmlHealthSource(nvml, inventory, store, cfg.node_name)
-        publisher = SlicePublisher(api_client, cfg.node_name, build, metrics)
+        health = NvmlHealthSource(
+            nvml,
+            inventory,
+            store,
+            cfg.node_name,
+            on_error=lambda exc: metrics.loop_errors.labels(loop="health-events").inc(),
+        )
+        # Devices an out-of-band instance overlaps are left out of what is published (periodic.py).
+        publisher = SlicePublisher(
+            api_client, cfg.node_name, lambda gen: without_devices(build(gen), periodic.withdrawn()), metrics
+        )
+        periodic = PeriodicReconciler(
+            preparer=preparer,
+            store=store,
+            ops=ops,
+            api=api,
+            gpus=gpus,
+            inventory=inventory,
+            metrics=metrics,
+            on_withdrawn_change=publisher.request,
+        )
+
+        def reconcile_pass() -> None:
+            periodic.run_once()
+
+        try:
+            reconcile_pass()  # before the first publish: never offer a device a foreign instance holds
+        except Exception as exc:  # the loop retries it with backoff
+            log.warning("first periodic reconcile pass failed", error=f"{type(exc).__name__}: {exc}")
+        reconciler = LoopRunner(
+            "periodic-reconcile",
+            reconcile_pass,
+            interval_s=cfg.reconcile_interval_s,
+            on_error=lambda exc: metrics.loop_errors.labels(loop="periodic-reconcile").inc(),
+        )
+        periodic.beat = reconciler.beat
+        for runner in (publisher.runner, health.runner, reconciler):
+            self.loops.add(runner)
         servers = PluginServers(
             preparer, health_source=health, registry_dir=cfg.registry_dir, plugins_dir=cfg.plugins_dir
         )
 
         def on_registered() -> None:
             metrics.registered.set(1)
-            publisher.request()  # runs in kubelet's gRPC call: only hand the work off
+            publisher.registered()  # runs in kubelet's gRPC call: only hand the work off
 
         servers.state.set_on_registered(on_registered)
         health.start()
@@ -233,6 +345,7 @@ class NodeAgent:
         self.servers = servers
         install_signal_handlers(servers, signals=(signal.SIGTERM, signal.SIGINT))
         publisher.start()
+        reconciler.start()
         log.info(
             "kubelet plugin ready",
             node=cfg.node_name,
@@ -242,7 +355,9 @@ class NodeAgent:
         )
         servers.wait()
         metrics.registered.set(0)
+        reconciler.stop()
         publisher.stop()
+        reconciler.join(10)
         health.stop()
         preparer.close()
         api_client.close()  # type: ignore[no-untyped-call]

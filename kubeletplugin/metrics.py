@@ -19,6 +19,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from api.buildinfo import HAMI_METRIC_ZONE, build_labels
+from driver.looprunner import LoopRunner
+
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -64,9 +67,17 @@ class NodeMetrics:
                 "profile",
                 "gpu_instance_id",
                 "compute_instance_id",
+                "zone",  # HAMi's constant label, always "vGPU"
             ],
             registry=self.registry,
         )
+        self.build_info = Gauge(
+            "flexmig_build_info",
+            "1, labelled with the running build (version, revision, python_version) and component",
+            ["version", "revision", "python_version", "component"],
+            registry=self.registry,
+        )
+        self.build_info.labels(**build_labels(), component="kubelet-plugin").set(1)
         self.prepare_seconds = Histogram(
             "flexmig_node_prepare_duration_seconds",
             "Time to prepare one claim (NVML, CDI, checkpoint, API writes)",
@@ -93,6 +104,23 @@ class NodeMetrics:
             ["action"],
             registry=self.registry,
         )
+        self.foreign_instances = Gauge(
+            "flexmig_node_foreign_instances",
+            "GPU instances on this node that flexmig did not create (left untouched), as last seen by"
+            " the periodic reconcile",
+            registry=self.registry,
+        )
+        self.withdrawn_devices = Gauge(
+            "flexmig_node_withdrawn_devices",
+            "Devices left out of the ResourceSlices because an out-of-band instance overlaps them",
+            registry=self.registry,
+        )
+        self.loop_errors = Counter(
+            "flexmig_node_loop_errors_total",
+            "Failed iterations of a background loop (retried with backoff), by loop",
+            ["loop"],
+            registry=self.registry,
+        )
         self.checkpoint_claims = Gauge(
             "flexmig_node_checkpoint_claims",
             "Claims in the node checkpoint, by state",
@@ -114,6 +142,14 @@ class NodeMetrics:
             "1 when HAMi-core's library is usable at --hami-core-library (shares are enforced), 0 when"
             " it is absent (shares are prepared but NOT enforced); only on hami-core nodes",
             ["node"],
+            registry=self.registry,
+        )
+        self.hami_core_gpus = Gauge(
+            "flexmig_node_hami_core_gpus",
+            "GPUs in hami-core mode by what their share publishes: enforced, unenforced (library"
+            " missing, published anyway: --unenforced-shares=publish) or refused (library missing,"
+            " nothing shared: the default)",
+            ["state"],
             registry=self.registry,
         )
         shared_labels = ["gpu", "uuid"]
@@ -169,6 +205,7 @@ class NodeMetrics:
                     profile=inst.profile,
                     gpu_instance_id=str(inst.gpu_instance_id),
                     compute_instance_id=str(inst.compute_instance_id),
+                    zone=HAMI_METRIC_ZONE,
                 ).set(1)
 
     def set_checkpoint_counts(self, counts: dict[str, int]) -> None:
@@ -186,7 +223,12 @@ class NodeMetrics:
 
 
 class MetricsServer:
-    """Serves /metrics and the DaemonSet's liveness probe /healthz on one port."""
+    """Serves /metrics and the DaemonSet's liveness probe /healthz on one port.
+
+    The accept loop is a LoopRunner like every background loop of the plugin: each iteration serves
+    at most one connection (or times out after 0.5 s), so an exception is retried with backoff and a
+    wedged accept loop shows as stuck instead of silently ending the endpoint.
+    """
 
     def __init__(
         self, metrics: NodeMetrics, host: str, port: int, healthy: Callable[[], tuple[bool, str]]
@@ -195,17 +237,25 @@ class MetricsServer:
         self._healthy = healthy
         handler = self._make_handler()
         self._server = ThreadingHTTPServer((host, port), handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, name="metrics", daemon=True)
+        self._server.daemon_threads = True
+        self._server.timeout = 0.5
+        self.runner = LoopRunner(
+            "metrics-http",
+            self._server.handle_request,
+            stuck_after_s=60.0,
+            on_error=lambda exc: metrics.loop_errors.labels(loop="metrics-http").inc(),
+        )
 
     @property
     def port(self) -> int:
         return int(self._server.server_address[1])
 
     def start(self) -> None:
-        self._thread.start()
+        self.runner.start()
 
     def stop(self) -> None:
-        self._server.shutdown()
+        self.runner.stop()
+        self.runner.join(5)
         self._server.server_close()
 
     def _make_handler(self) -> type[BaseHTTPRequestHandler]:

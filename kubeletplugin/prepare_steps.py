@@ -11,6 +11,7 @@ free, so the prepare failed before claiming them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from driver.nvml.types import GpuInstance, NvmlError, NvmlErrorCode
@@ -54,8 +55,14 @@ class RealisedMig:
     mig_uuid: str
 
 
-def find_gi(ops: NvmlOps, rec: PreparedDeviceRecord) -> GpuInstance | None:
-    """The GI that realises `rec`: by recorded id (checked against the placement), else by placement."""
+def find_gi(ops: NvmlOps, rec: PreparedDeviceRecord, *, by_placement: bool = True) -> GpuInstance | None:
+    """The GI that realises `rec`: by recorded id (checked against the placement), else by placement.
+
+    Without a recorded id, `by_placement=False` finds nothing: what sits at the placement may be
+    another actor's instance (a create that failed created nothing of ours).
+    """
+    if rec.gi_id is None and not by_placement:
+        return None
     for gi in ops.gpu_instances_or_none(rec.gpu_index):
         same_place = (
             gi.profile_id == rec.gi_profile_id
@@ -88,26 +95,47 @@ def check_placement_free(ops: NvmlOps, rec: PreparedDeviceRecord, owners: dict[t
             )
 
 
-def realise_mig(ops: NvmlOps, rec: PreparedDeviceRecord, crash: Crashpoints) -> RealisedMig:
-    """Create the GI at exactly the allocated placement and one full-size CI in it."""
+# Called with the ids NVML just returned (gi_id, then ci_id), before anything else happens: the
+# preparer writes them to the checkpoint, so a rollback destroys exactly what was created, by id.
+RecordIds = Callable[..., object]
+
+
+def realise_mig(
+    ops: NvmlOps, rec: PreparedDeviceRecord, crash: Crashpoints, record: RecordIds | None = None
+) -> RealisedMig:
+    """Create the GI at exactly the allocated placement and one full-size CI in it.
+
+    `record(gi_id=...)` and `record(ci_id=...)` run as soon as NVML returned each id.
+    """
     assert rec.gi_profile_id is not None and rec.placement_start is not None
     gi = ops.create_gpu_instance(rec.gpu_index, rec.gi_profile_id, rec.placement_start)
-    crash.reach("after-gi-create")
     if gi.placement.start != rec.placement_start or gi.placement.size != rec.placement_size:
-        # NVML placed it elsewhere: not what was allocated, so it must not be used.
+        # NVML placed it elsewhere: not what was allocated, so it must not be used. It is ours (NVML
+        # just returned it to us), destroyed by its id before anything could record it.
         ops.destroy_gpu_instance(rec.gpu_index, gi.gi_id)
         raise NvmlError(
             "nvmlDeviceCreateGpuInstanceWithPlacement",
             NvmlErrorCode.INVALID_STATE,
             f"GI {gi.gi_id} created at {gi.placement}, allocated {rec.placement_start}:{rec.placement_size}",
         )
+    if record is not None:
+        record(gi_id=gi.gi_id)
+    crash.reach("after-gi-create")
     ci = ops.create_compute_instance(rec.gpu_index, gi.gi_id)
+    if record is not None:
+        record(ci_id=ci.ci_id)
     crash.reach("after-ci-create")
     return RealisedMig(gi.gi_id, ci.ci_id, ops.mig_uuid(rec.gpu_index, gi.gi_id, ci.ci_id))
 
 
-def destroy_mig(ops: NvmlOps, rec: PreparedDeviceRecord, crash: Crashpoints) -> bool:
+def destroy_mig(
+    ops: NvmlOps, rec: PreparedDeviceRecord, crash: Crashpoints, *, by_placement: bool = False
+) -> bool:
     """Destroy what flexmig created for `rec`: its CIs, then its GI. True when anything was destroyed.
+
+    The GI is found by the id recorded when NVML created it. Only the startup reconcile of a prepare
+    interrupted by a crash passes `by_placement=True`: a crash between NVML's return and the
+    checkpoint write leaves the intent without an id, and at start no other prepare runs.
 
     Gone (NOT_FOUND, or NOT_SUPPORTED because MIG is off) counts as destroyed. IN_USE and every other
     error propagates as NvmlError, so the caller returns it and kubelet retries. A record that only
@@ -115,7 +143,7 @@ def destroy_mig(ops: NvmlOps, rec: PreparedDeviceRecord, crash: Crashpoints) -> 
     """
     if not rec.created_gi:
         return False
-    gi = find_gi(ops, rec)
+    gi = find_gi(ops, rec, by_placement=by_placement)
     if gi is None:
         return False
     if rec.ci_id is not None:

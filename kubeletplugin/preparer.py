@@ -25,29 +25,31 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import structlog
 from kubernetes.client.exceptions import ApiException
 
-from api.constants import DRIVER_NAME, DeviceKind
 from driver import cdi
 from driver.nvml.types import NvmlError
+from kubeletplugin.cdiwriter import ClaimSpecWriter
 from kubeletplugin.checkpoint import CheckpointStore
 from kubeletplugin.checkpoint_model import ClaimCheckpoint, ClaimState, PreparedDeviceRecord
+from kubeletplugin.claimlocks import ClaimLocks
+from kubeletplugin.claimrecords import UnknownDevices, records_for
 from kubeletplugin.crashpoints import Crashpoints
 from kubeletplugin.grpcserver import ClaimRef, PreparedDevice, PrepareResult
 from kubeletplugin.hamicoresupport import HamiCoreSupport
 from kubeletplugin.inventory import Inventory
-from kubeletplugin.kubeapi import AllocatedDevice, ClaimApi, ClaimNotFound, ClaimView, api_error_text
+from kubeletplugin.kubeapi import ClaimApi, ClaimNotFound, ClaimView, api_error_text
 from kubeletplugin.metrics import NodeMetrics
 from kubeletplugin.migmode import MigModeError, MigModeManager
 from kubeletplugin.nvmlops import NvmlOps
-from kubeletplugin.prepare_shared import shared_cdi_devices, shared_usage, shares_of
+from kubeletplugin.overlap import DeviceOverlap, SharedLimits, check_no_overlap
+from kubeletplugin.prepare_shared import shared_cdi_devices, shared_usage
 from kubeletplugin.prepare_steps import (
     PlacementBusy,
     SharedGpuUnavailable,
@@ -89,6 +91,8 @@ class Preparer:
         mig_minors: Mapping[str, int] | None,
         crash: Crashpoints,
         hami_core: HamiCoreSupport | None = None,
+        shared_split_count: int | None = None,
+        specs: ClaimSpecWriter | None = None,
     ) -> None:
         self._node = node_name
         self._ops = ops
@@ -100,26 +104,18 @@ class Preparer:
         self._metrics = metrics
         self._cdi_dir = cdi_dir
         self._mig_minors = mig_minors
+        self._specs = specs or ClaimSpecWriter(cdi_dir, mig_minors)  # host-aware one from main.py
         self._crash = crash
         self._hami_core = hami_core
-        self._locks_guard = threading.Lock()
-        self._gpu_locks: dict[int, threading.Lock] = {}
+        self._split_count = shared_split_count
+        self.locks = ClaimLocks()
         self._pool = ThreadPoolExecutor(max_workers=_MAX_PARALLEL_CLAIMS, thread_name_prefix="flexmig-claim")
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    # -- locking ------------------------------------------------------------------------------------
-
-    @contextlib.contextmanager
-    def gpu_locks(self, indexes: Sequence[int]) -> Iterator[None]:
-        """Hold the locks of `indexes`, always taken in ascending order so two claims never deadlock."""
-        with self._locks_guard:
-            locks = [self._gpu_locks.setdefault(i, threading.Lock()) for i in sorted(set(indexes))]
-        with contextlib.ExitStack() as stack:
-            for lock in locks:
-                stack.enter_context(lock)
-            yield
+    def gpu_locks(self, indexes: Sequence[int]) -> contextlib.AbstractContextManager[None]:
+        return self.locks.gpus(indexes)
 
     # -- ClaimPreparer --------------------------------------------------------------------------------
 
@@ -140,9 +136,11 @@ class Preparer:
     def _prepare_timed(self, ref: ClaimRef) -> PrepareResult:
         start = time.monotonic()
         try:
-            result = PrepareResult(devices=self._prepare_one(ref))
+            with self.locks.working_on(ref.uid):
+                result = PrepareResult(devices=self._prepare_one(ref))
         except (
             ClaimError,
+            DeviceOverlap,
             NvmlError,
             MigModeError,
             PlacementBusy,
@@ -178,55 +176,10 @@ class Preparer:
         return view
 
     def _records_for(self, view: ClaimView) -> list[PreparedDeviceRecord]:
-        """This node's devices of the claim as (not yet realised) checkpoint records."""
-        requests: dict[str, list[str]] = {}
-        results: dict[str, list[AllocatedDevice]] = {}
-        for result in view.devices:
-            if result.driver != DRIVER_NAME:
-                continue
-            if result.pool != self._node:
-                log.warning(
-                    "allocation result for another node's pool ignored",
-                    pool=result.pool,
-                    device=result.device,
-                )
-                continue
-            requests.setdefault(result.device, []).append(result.request)
-            results.setdefault(result.device, []).append(result)
-        unknown = [name for name in requests if self._inventory.get(name) is None]
-        if unknown:
-            raise ClaimError(
-                f"devices {sorted(unknown)} are not published by node {self._node} (unknown name, filtered GPU"
-                " or a MIG mode that does not offer them)"
-            )
-        records = []
-        for name, reqs in requests.items():
-            nd = self._inventory.get(name)
-            assert nd is not None
-            base = PreparedDeviceRecord(
-                # One request may name a shared device more than once (several shares of one GPU).
-                request_names=tuple(dict.fromkeys(reqs)),
-                pool=self._node,
-                device_name=name,
-                gpu_index=nd.gpu.index,
-                gpu_uuid=nd.gpu.uuid,
-            )
-            if nd.kind is DeviceKind.MIG:
-                assert nd.profile is not None and nd.placement is not None
-                # created_gi=True is the ownership intent: see prepare_steps.
-                base = dataclasses.replace(
-                    base,
-                    profile=nd.profile.name,
-                    gi_profile_id=nd.profile.gi_profile_id,
-                    placement_start=nd.placement.start,
-                    placement_size=nd.placement.size,
-                    created_gi=True,
-                    created_ci=True,
-                )
-            elif nd.kind is DeviceKind.SHARED:
-                base = dataclasses.replace(base, shares=shares_of(results[name], nd.gpu.memory_total_mib))
-            records.append(base)
-        return records
+        try:
+            return records_for(view, self._node, self._inventory)
+        except UnknownDevices as exc:
+            raise ClaimError(str(exc)) from None
 
     def _prepare_one(self, ref: ClaimRef) -> list[PreparedDevice]:
         view = self._fetch(ref)
@@ -264,6 +217,7 @@ class Preparer:
             log.info("rolling back an earlier prepare of this claim before retrying it", uid=ref.uid)
             self.rollback(existing)
             checkpoint = self._store.load()
+        check_no_overlap(ref.uid, records, checkpoint.claims.values(), self._shared_limits(records))
         owners = {
             (d.gpu_index, d.gi_id): c.uid
             for c in checkpoint.claims.values()
@@ -281,7 +235,8 @@ class Preparer:
             return self._realise(started)
         except BaseException:
             try:
-                self.rollback(started)
+                # The stored entry holds the ids NVML returned; never look for "ours" by placement.
+                self.rollback(self._store.get_claim(started.uid) or started)
             except (NvmlError, OSError) as exc:
                 log.error(
                     "rollback after a failed prepare failed; retried on the next attempt",
@@ -306,7 +261,9 @@ class Preparer:
             if rec.is_shared:
                 cdi_devices.append(shared[rec.device_name])
             elif rec.is_mig:
-                mig = realise_mig(self._ops, rec, self._crash)
+                mig = realise_mig(
+                    self._ops, rec, self._crash, self._id_recorder(started.uid, rec.device_name)
+                )
                 rec = dataclasses.replace(rec, gi_id=mig.gi_id, ci_id=mig.ci_id, mig_uuid=mig.mig_uuid)
                 cdi_devices.append(
                     cdi.PreparedMig(rec.device_name, rec.gpu_uuid, minor, mig.gi_id, mig.ci_id, mig.mig_uuid)
@@ -318,8 +275,7 @@ class Preparer:
                     rec, cdi_device_ids=(cdi.qualified_device_id(started.uid, rec.device_name),)
                 )
             )
-        spec = cdi.build_claim_spec(started.uid, cdi_devices, self._mig_minors, spec_edits)
-        cdi.write_spec_atomically(self._cdi_dir, started.uid, spec)
+        self._specs.write(started.uid, cdi_devices, spec_edits)
         self._crash.reach("after-cdi-write")
         completed = dataclasses.replace(started, state=ClaimState.PREPARE_COMPLETED, devices=tuple(devices))
         self._crash.reach("before-checkpoint-commit")
@@ -332,6 +288,20 @@ class Preparer:
             devices=[(d.device_name, d.mig_uuid) for d in devices],
         )
         return completed
+
+    def _id_recorder(self, uid: str, device_name: str) -> Callable[..., object]:
+        def record(**ids: int) -> object:
+            return self._store.update_device(uid, device_name, **ids)
+
+        return record
+
+    def _shared_limits(self, records: list[PreparedDeviceRecord]) -> dict[int, SharedLimits]:
+        limits: dict[int, SharedLimits] = {}
+        for rec in records:
+            nd = self._inventory.get(rec.device_name)
+            if rec.is_shared and nd is not None:
+                limits[rec.gpu_index] = SharedLimits(self._split_count, nd.gpu.memory_total_mib)
+        return limits
 
     def _shared_edits(
         self, started: ClaimCheckpoint
@@ -353,17 +323,18 @@ class Preparer:
 
     # -- rollback / unprepare ---------------------------------------------------------------------------
 
-    def rollback(self, entry: ClaimCheckpoint) -> int:
+    def rollback(self, entry: ClaimCheckpoint, *, by_placement: bool = False) -> int:
         """Undo a PrepareStarted entry (or destroy a completed one): instances, CDI spec, entry.
 
         Returns how many GPU instances were destroyed. Raises NvmlError (e.g. IN_USE) with the entry
         left in place, so a later attempt finishes it. Callers hold the locks of the entry's GPUs (or
-        run before the servers start).
+        run before the servers start). Instances are found by the ids recorded at creation;
+        `by_placement` is only for the startup reconcile of a prepare a crash interrupted (destroy_mig).
         """
         touched = sorted({d.gpu_index for d in entry.devices if d.is_mig})
         destroyed = 0
         for rec in entry.devices:
-            if rec.is_mig and destroy_mig(self._ops, rec, self._crash):
+            if rec.is_mig and destroy_mig(self._ops, rec, self._crash, by_placement=by_placement):
                 destroyed += 1
                 log.info(
                     "destroyed MIG instance",
@@ -386,7 +357,8 @@ class Preparer:
         start = time.monotonic()
         error: str | None = None
         try:
-            self._unprepare_one(ref)
+            with self.locks.working_on(ref.uid):
+                self._unprepare_one(ref)
         except (ClaimError, NvmlError, OSError) as exc:
             log.error(
                 "unprepare failed", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid, error=_describe(exc)

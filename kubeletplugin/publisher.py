@@ -1,12 +1,18 @@
 """Keeps this node's ResourceSlices on the API server equal to what `build_node_slices` says.
 
-A background thread does the work, so the registration callback (which runs in kubelet's gRPC call)
+A background loop (driver.looprunner: any exception is retried with backoff, and a dead or stuck loop
+shows in /healthz) does the work, so the registration callback (which runs in kubelet's gRPC call)
 only sets a flag. A sync lists the node's slices (`spec.nodeName=<node>,spec.driver=gpu.flexmig.dev`),
 and when their content differs from the desired one, or any is missing (kubelet wipes a node's slices
 at its start and after a driver disconnects), writes all slices at a new pool generation and deletes
 the extras. Content is compared through a hash annotation we set ourselves, so server-side defaulting
 of fields can never make an unchanged pool look changed and bump the generation on every resync.
-API errors are retried with exponential backoff; a periodic resync repairs anything else.
+A periodic resync (the drift check) repairs anything else.
+
+After every (re-)registration the publisher does not stop at one sync: kubelet's wipe of the node's
+slices and our republish race (they ran 53 ms apart after a kubelet restart), and if the wipe lands
+second the node would have no slices until the drift check. So for `verify_s` after a registration
+the slices are checked every `verify_poll_s` and written again if they vanished or changed.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +29,8 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from api.constants import DRIVER_NAME
-from kubeletplugin.kubeapi import api_error_text
+from driver.looprunner import LoopRunner
+from kubeletplugin.kubeapi import REQUEST_TIMEOUT
 from kubeletplugin.metrics import NodeMetrics
 from kubeletplugin.slices import NodeSlices
 
@@ -30,8 +38,10 @@ log = structlog.get_logger(__name__)
 
 HASH_ANNOTATION = f"{DRIVER_NAME}/content-hash"
 DEFAULT_RESYNC_S = 60.0
+DEFAULT_VERIFY_S = 30.0  # kubelet cancels a pending wipe when a driver re-registers within 30 s
+DEFAULT_VERIFY_POLL_S = 0.5
 _BACKOFF_START_S = 0.5
-_BACKOFF_MAX_S = 30.0
+_BACKOFF_MAX_S = 8.0  # a recovered API server sees every node again within ~12 s
 
 # Desired slices at a given generation.
 SliceBuilder = Callable[[int], NodeSlices]
@@ -56,31 +66,49 @@ class SlicePublisher:
         metrics: NodeMetrics,
         *,
         resync_s: float = DEFAULT_RESYNC_S,
+        verify_s: float = DEFAULT_VERIFY_S,
+        verify_poll_s: float = DEFAULT_VERIFY_POLL_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._api_client = api_client
         self._resource = k8s.ResourceV1Api(api_client)
         self._node = node_name
         self._build = build
         self._metrics = metrics
-        self._resync_s = resync_s
+        self._verify_s = verify_s
+        self._verify_poll_s = verify_poll_s
+        self._clock = clock
         self._wake = threading.Event()
-        self._stop = threading.Event()
         self._synced = threading.Condition()
         self._syncs = 0
         self._generation = 0
-        self._thread = threading.Thread(target=self._run, name="flexmig-slices", daemon=True)
+        self._verify_until = 0.0  # guarded by _synced
+        self.runner = LoopRunner(
+            "slice-publisher",
+            self._iteration,
+            interval_s=resync_s,
+            wake=self._wake,
+            backoff_start_s=_BACKOFF_START_S,
+            backoff_max_s=_BACKOFF_MAX_S,
+            on_error=lambda exc: metrics.loop_errors.labels(loop="slice-publisher").inc(),
+        )
 
     def start(self) -> None:
         self._wake.set()
-        self._thread.start()
+        self.runner.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        self._thread.join(timeout=10)
+        self.runner.stop()
+        self.runner.join(10)
 
     def request(self) -> None:
         """Ask for a sync soon (safe from any thread, returns at once)."""
+        self._wake.set()
+
+    def registered(self) -> None:
+        """kubelet (re-)registered us: sync now and keep checking for `verify_s` (returns at once)."""
+        with self._synced:
+            self._verify_until = self._clock() + self._verify_s
         self._wake.set()
 
     def wait_synced(self, after: int, timeout_s: float) -> bool:
@@ -93,27 +121,21 @@ class SlicePublisher:
         with self._synced:
             return self._syncs
 
-    def _run(self) -> None:
-        backoff = _BACKOFF_START_S
-        while not self._stop.is_set():
-            self._wake.wait(self._resync_s)
-            self._wake.clear()
-            if self._stop.is_set():
+    def _iteration(self) -> None:
+        """One sync; inside a verification window, keep checking until it closes."""
+        self.sync()
+        while True:
+            with self._synced:
+                left = self._verify_until - self._clock()
+            if left <= 0 or self.runner.stop_event.wait(min(self._verify_poll_s, left)):
                 return
-            try:
-                self.sync()
-                backoff = _BACKOFF_START_S
-            except (ApiException, OSError, ValueError) as exc:
-                detail = api_error_text(exc) if isinstance(exc, ApiException) else str(exc)
-                log.warning("publishing ResourceSlices failed; retrying", error=detail, retry_in_s=backoff)
-                if self._stop.wait(backoff):
-                    return
-                backoff = min(backoff * 2, _BACKOFF_MAX_S)
-                self._wake.set()
+            self.runner.beat()
+            if self.sync():
+                log.warning("node's ResourceSlices vanished or changed right after registration; republished")
 
     def _existing(self) -> dict[str, dict[str, Any]]:
         selector = f"spec.nodeName={self._node},spec.driver={DRIVER_NAME}"
-        listed = self._resource.list_resource_slice(field_selector=selector)
+        listed = self._resource.list_resource_slice(field_selector=selector, _request_timeout=REQUEST_TIMEOUT)
         out: dict[str, dict[str, Any]] = {}
         for item in listed.items or []:
             data = self._api_client.sanitize_for_serialization(item)  # type: ignore[no-untyped-call]
@@ -141,13 +163,15 @@ class SlicePublisher:
                 body["metadata"].setdefault("annotations", {})[HASH_ANNOTATION] = digest
                 current = existing.get(published.name)
                 if current is None:
-                    self._resource.create_resource_slice(body=body)
+                    self._resource.create_resource_slice(body=body, _request_timeout=REQUEST_TIMEOUT)
                 else:
                     body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-                    self._resource.replace_resource_slice(name=published.name, body=body)
+                    self._resource.replace_resource_slice(
+                        name=published.name, body=body, _request_timeout=REQUEST_TIMEOUT
+                    )
             for name in sorted(set(existing) - set(desired.names)):
                 try:
-                    self._resource.delete_resource_slice(name=name)
+                    self._resource.delete_resource_slice(name=name, _request_timeout=REQUEST_TIMEOUT)
                 except ApiException as exc:
                     if exc.status != 404:
                         raise

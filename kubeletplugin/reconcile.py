@@ -1,7 +1,8 @@
 """Startup reconcile: make the checkpoint and the GPUs agree before kubelet can call us.
 
-1. Every `PrepareStarted` claim is rolled back (its instances, found by recorded id or by the
-   ownership intent's placement, its CDI spec, its entry); kubelet retries the prepare from scratch.
+1. Every `PrepareStarted` claim is rolled back (its instances, found by recorded id or, for an
+   id a crash kept from being recorded, by the ownership intent's placement; its CDI spec, its entry);
+   kubelet retries the prepare from scratch. This is the only place that looks by placement.
 2. Every `PrepareCompleted` claim is looked up in the API. If the claim is gone or was replaced (UID
    changed), nothing owns its instances any more: they are destroyed. If it exists, its instances are
    adopted as they are (missing ones are logged: the unprepare kubelet will send treats them as gone).
@@ -9,7 +10,7 @@
 3. Every GI on the node that no remaining checkpoint record accounts for was not created by this
    plugin (or was created by us for a claim we already cleaned up and then re-created by someone
    else): it is logged and counted (`flexmig_node_orphan_instances_total{action="reported"}`), never
-   destroyed.
+   destroyed (the periodic reconcile, kubeletplugin/periodic.py, withdraws the devices it overlaps).
 4. Hopper+ GPUs left in MIG mode without any instance are switched back off (not on hami-core
    nodes: flexmig never changes MIG mode there, and their shared-GPU claims own no NVML object, so
    steps 1-2 only remove their CDI spec, cache dir and checkpoint entry).
@@ -20,7 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import structlog
-from kubernetes.client.exceptions import ApiException
 
 from driver.nvml.types import GpuInfo, NvmlError
 from kubeletplugin.checkpoint import CheckpointStore
@@ -62,14 +62,24 @@ def reconcile(
     checkpoint = store.load()
     for entry in list(checkpoint.claims.values()):
         if entry.state is ClaimState.PREPARE_STARTED:
-            _destroy(preparer, metrics, entry, "interrupted prepare rolled back", report, report.rolled_back)
+            # A crash between NVML's create and the checkpoint write leaves the intent without an id:
+            # only here (nothing else runs yet) is the instance at the intended placement taken as ours.
+            _destroy(
+                preparer,
+                metrics,
+                entry,
+                "interrupted prepare rolled back",
+                report,
+                report.rolled_back,
+                by_placement=True,
+            )
             continue
         try:
             view = api.get_claim(entry.namespace, entry.name)
             owner_gone = view.uid != entry.uid
         except ClaimNotFound:
             view, owner_gone = None, True
-        except (ApiException, OSError) as exc:
+        except Exception as exc:  # any failure (urllib3 errors too) is uncertainty: keep the claim
             log.warning("cannot check a prepared claim's owner; keeping it", uid=entry.uid, error=str(exc))
             report.adopted.append(entry.uid)
             continue
@@ -89,7 +99,7 @@ def reconcile(
             for pod in view.reserved_for:
                 try:
                     status.refresh_pod(view.namespace, pod.name, write_annotation=False)
-                except (ApiException, OSError) as exc:
+                except Exception as exc:  # metrics only: never fails the reconcile
                     log.warning("cannot read a pod for its metrics", pod=pod.name, error=str(exc))
 
     owned = {
@@ -135,9 +145,11 @@ def _destroy(
     what: str,
     report: ReconcileReport,
     into: list[str],
+    *,
+    by_placement: bool = False,
 ) -> None:
     try:
-        n = preparer.rollback(entry)
+        n = preparer.rollback(entry, by_placement=by_placement)
     except (NvmlError, OSError) as exc:
         report.errors.append(f"claim {entry.uid}: {exc}")
         log.error(

@@ -15,6 +15,7 @@ there is nothing to keep mutually exclusive.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,14 +29,34 @@ SHARED_DEVICE_TYPE = "hami-core"
 MAX_CORES = 100
 
 
+class ShareEnforcement(enum.StrEnum):
+    """Whether a share published on this node is enforced (the `enforced` attribute of the device)."""
+
+    ENFORCED = "enforced"  # the HAMi-core library is usable
+    UNENFORCED = "unenforced"  # library missing, admin allowed publishing: limits are advisory only
+    REFUSED = "refused"  # library missing, shares withheld (the default)
+
+
 def shared_gpu_device(
-    catalog: GpuCatalog, split_count: int, common_attributes: Mapping[str, Any]
+    catalog: GpuCatalog,
+    split_count: int,
+    common_attributes: Mapping[str, Any],
+    *,
+    enforced: bool = True,
+    memory_scaling: float = 1.0,
+    core_scaling: float = 1.0,
 ) -> dict[str, Any]:
-    """The ResourceSlice device (camelCase dict) for one GPU shared through HAMi-core."""
+    """The ResourceSlice device (camelCase dict) for one GPU shared through HAMi-core. `enforced` false
+    marks a share whose limits HAMi-core cannot enforce; a selector can refuse such a device with
+    `device.attributes["gpu.flexmig.dev"].enforced`."""
     if isinstance(split_count, bool) or not isinstance(split_count, int) or split_count < 1:
         raise ValueError(f"split_count must be an integer >= 1, got {split_count!r}")
+    if not (0 < memory_scaling <= 1 and 0 < core_scaling <= 1):
+        raise ValueError(f"scalings must be in (0, 1], got {memory_scaling!r}, {core_scaling!r}")
     gpu = catalog.gpu
-    total = f"{gpu.memory_total_mib}Mi"
+    # HAMi's deviceMemoryScaling / deviceCoreScaling: what the shares of this GPU may hold together.
+    total = f"{max(1, int(gpu.memory_total_mib * memory_scaling))}Mi"
+    max_cores = str(max(1, int(MAX_CORES * core_scaling)))
     return {
         "name": shared_gpu_device_name(gpu.index),
         "allowMultipleAllocations": True,
@@ -44,6 +65,7 @@ def shared_gpu_device(
             "uuid": {"string": gpu.uuid[:MAX_ATTRIBUTE_STRING_LENGTH]},
             **common_attributes,
             "splitCount": {"int": split_count},
+            "enforced": {"bool": enforced},
         },
         "capacity": {
             "memory": {
@@ -51,10 +73,10 @@ def shared_gpu_device(
                 "requestPolicy": {"default": total, "validRange": {"min": "1Mi", "step": "1Mi"}},
             },
             "cores": {
-                "value": str(MAX_CORES),
+                "value": max_cores,
                 "requestPolicy": {
                     "default": "0",
-                    "validRange": {"min": "0", "max": str(MAX_CORES), "step": "1"},
+                    "validRange": {"min": "0", "max": max_cores, "step": "1"},
                 },
             },
             "shares": {

@@ -41,8 +41,8 @@ from api.constants import (
     whole_gpu_device_name,
 )
 from driver.catalog.types import GpuCatalog, MigProfile
-from kubeletplugin.nodeconfig import NodeConfig
-from kubeletplugin.shareddevice import shared_decision, shared_gpu_device
+from kubeletplugin.nodeconfig import NodeConfig, OperatingMode
+from kubeletplugin.shareddevice import ShareEnforcement, shared_decision, shared_gpu_device
 from kubeletplugin.slicelimits import (
     MAX_ATTRIBUTE_STRING_LENGTH,
     MAX_COUNTER_SETS_PER_SLICE,
@@ -52,6 +52,10 @@ from kubeletplugin.slicelimits import (
 )
 
 API_VERSION = "resource.k8s.io/v1"
+SHARES_REFUSED_REASON = (
+    "HAMi-core library missing: share not published, its limits could not be enforced (install"
+    " libvgpu.so and restart the plugin, or allow unenforced shares with --unenforced-shares=publish)"
+)
 
 # (counter name [DNS label], capacity name [C identifier], MigProfile attribute)
 _DIMENSIONS: tuple[tuple[str, str, str], ...] = (
@@ -75,6 +79,7 @@ class GpuPublication:
     mig_devices: int
     reason: str
     shared: bool = False  # `gpu-<i>-shared` published (hami-core node)
+    shares: ShareEnforcement | None = None  # set for a GPU in hami-core mode that MIG mode did not exclude
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,8 +157,14 @@ def gpu_decision(catalog: GpuCatalog, mig_enabled: bool, node: NodeConfig) -> tu
     gpu = catalog.gpu
     if node.is_filtered(gpu.index, gpu.uuid):
         return False, False, "excluded by filterdevices"
-    if not node.publishes_mig:
+    mode = node.gpu_mode(gpu.mig_capable)
+    if mode is not OperatingMode.MIG:
         return False, False, f"node operatingmode is {node.operating_mode.value!r}, not 'mig'"
+    return _mig_gpu_decision(catalog, mig_enabled)
+
+
+def _mig_gpu_decision(catalog: GpuCatalog, mig_enabled: bool) -> tuple[bool, bool, str]:
+    gpu = catalog.gpu
     if gpu.architecture.mig_toggle_needs_reset and mig_enabled:
         if not catalog.profiles:
             return False, False, "MIG mode is on (needs a reset to turn off) and no MIG profile is allowed"
@@ -303,11 +314,14 @@ def build_node_slices(
     *,
     node_uid: str | None = None,
     max_devices_per_slice: int = MAX_DEVICES_PER_SLICE_WITH_COUNTERS,
+    shares: ShareEnforcement = ShareEnforcement.ENFORCED,
 ) -> NodeSlices:
     """All of the node's slices for pool `node_name` at `generation`.
 
     `mig_enabled` maps GPU index to its *current* MIG mode (missing = off). `node_uid`, when given, makes
-    the Node the slices' owner so they are garbage-collected with it. Raises ValueError if the result
+    the Node the slices' owner so they are garbage-collected with it. `shares` says whether HAMi-core
+    can enforce a share here (ENFORCED), cannot but the admin lets shares be published anyway, marked
+    `enforced: false` (UNENFORCED), or cannot and shares are withheld (REFUSED). Raises ValueError if the result
     would break an API limit, which means a bug or an unknown GPU shape, never a silently bad publish.
     """
     if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
@@ -322,27 +336,52 @@ def build_node_slices(
     device_groups: list[list[dict[str, Any]]] = []
     report: list[GpuPublication] = []
     for catalog in sorted(catalogs, key=lambda c: c.gpu.index):
-        if node_config.publishes_shared:
-            gpu = catalog.gpu
+        gpu = catalog.gpu
+        refused_reason = ""
+        if node_config.gpu_mode(gpu.mig_capable) is OperatingMode.HAMI_CORE:
             shared, reason = shared_decision(
                 catalog, mig_enabled.get(gpu.index, False), node_config.is_filtered(gpu.index, gpu.uuid)
             )
+            state = shares if shared else None
+            if shared and shares is ShareEnforcement.REFUSED:
+                shared, reason = False, SHARES_REFUSED_REASON
             if shared:
                 device = shared_gpu_device(
-                    catalog, node_config.device_split_count, _common_attributes(catalog)
+                    catalog,
+                    node_config.device_split_count,
+                    _common_attributes(catalog),
+                    enforced=shares is ShareEnforcement.ENFORCED,
+                    memory_scaling=node_config.memory_scaling,
+                    core_scaling=node_config.core_scaling,
                 )
                 device_groups.append([device])
-                reason = f"{reason} ({node_config.device_split_count} shares)"
-            report.append(GpuPublication(gpu.index, gpu.uuid, False, 0, reason, shared=shared))
-            continue
-        whole, mig, reason = gpu_decision(catalog, mig_enabled.get(catalog.gpu.index, False), node_config)
+                reason = f"{reason} ({node_config.device_split_count} shares, {shares.value})"
+            if shared or node_config.operating_mode is not OperatingMode.AUTO or state is None:
+                report.append(GpuPublication(gpu.index, gpu.uuid, False, 0, reason, shared, state))
+                continue
+            # auto chose hami-core only because the GPU cannot do MIG; without an enforced share it is
+            # still worth offering whole (an exclusive GPU needs no enforcement).
+            refused_reason = f"{reason}; "
+        whole, mig, reason = (
+            _mig_gpu_decision(catalog, mig_enabled.get(gpu.index, False))
+            if refused_reason
+            else gpu_decision(catalog, mig_enabled.get(gpu.index, False), node_config)
+        )
+        reason = refused_reason + reason
         counter_set, devices = _gpu_devices(catalog, whole, mig) if whole or mig else (None, [])
         if counter_set is not None:
             counter_sets.append(counter_set)
         if devices:
             device_groups.append(devices)
         report.append(
-            GpuPublication(catalog.gpu.index, catalog.gpu.uuid, whole, len(devices) - int(whole), reason)
+            GpuPublication(
+                gpu.index,
+                gpu.uuid,
+                whole,
+                len(devices) - int(whole),
+                reason,
+                shares=ShareEnforcement.REFUSED if refused_reason else None,
+            )
         )
 
     contents: list[tuple[str, list[dict[str, Any]]]] = [

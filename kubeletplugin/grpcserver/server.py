@@ -59,6 +59,34 @@ def _ensure_dir(path: Path, *, owned: bool) -> None:
         log.warning("socket directory is world-writable", path=str(path))
 
 
+def socket_paths(
+    registry_dir: Path | str, plugins_dir: Path | str, driver_name: str = DRIVER_NAME
+) -> tuple[Path, Path]:
+    """(registration socket, DRA socket) of a driver instance, exactly as PluginServers binds them."""
+    registry = Path(os.path.abspath(registry_dir))
+    plugin_dir = Path(os.path.abspath(plugins_dir)) / driver_name
+    return registry / f"{driver_name}-reg.sock", plugin_dir / "dra.sock"
+
+
+def socket_in_use(path: Path) -> bool:
+    """Whether a server accepts connections on the unix socket `path` (never changes anything)."""
+    try:
+        if not stat.S_ISSOCK(path.lstat().st_mode):
+            return False
+    except FileNotFoundError:
+        return False
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(str(path))
+    except OSError:
+        return False
+    else:
+        return True
+    finally:
+        probe.close()
+
+
 def _remove_stale_socket(path: Path) -> None:
     """Remove a socket file left by a previous instance; refuse to touch anything else.
 
@@ -122,8 +150,7 @@ class PluginServers:
         self._plugin_dir = Path(os.path.abspath(plugins_dir)) / driver_name
         # Not resolve(): kubelet must see the path exactly as configured (hostPath mounts make the
         # same path valid on both sides, a resolved symlink might not be).
-        self.registration_socket = self._registry_dir / f"{driver_name}-reg.sock"
-        self.dra_socket = self._plugin_dir / "dra.sock"
+        self.registration_socket, self.dra_socket = socket_paths(registry_dir, plugins_dir, driver_name)
         _check_socket_path(self.registration_socket)
         _check_socket_path(self.dra_socket)
         if max_workers < 2:

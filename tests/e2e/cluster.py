@@ -577,6 +577,22 @@ class ControlPlane:
         for comp in self.components:
             comp.check_alive()
 
+    def restart_apiserver(self, down_s: float, timeout_s: float = 120.0) -> None:
+        """Fault injection: stop kube-apiserver (SIGTERM; etcd and the rest keep running), keep it down
+        for `down_s` (the outage is the point, not a wait for something), start it again on the same
+        port and wait for /readyz. Call it from a thread that outlives the control plane (the main
+        one): the new process dies with the thread that started it (`_die_with_parent`)."""
+        comp = next(c for c in self.components if c.name == "kube-apiserver")
+        comp.stop()
+        time.sleep(down_s)
+        comp.start()
+        wait_until(
+            lambda: self.get("/readyz", timeout_s=3)[0] == 200,
+            timeout_s,
+            "kube-apiserver /readyz after restart",
+            check=comp.check_alive,
+        )
+
     def stop(self, failed: bool = False) -> Path | None:
         """Stop all components (SIGTERM, then SIGKILL); remove the temp data unless `failed`.
 

@@ -8,6 +8,7 @@ HAMi-core support whose library file the test may leave out.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,8 @@ def make_node(
     *,
     api: FakeApi | None = None,
     hami_library: bool | None = None,
+    split_count: int | None = None,
+    ops_factory: Callable[[Nvml, NodeMetrics], NvmlOps] = NvmlOps,
 ) -> SimNode:
     """A node of simulated `specs`; with HAMi-core support unless `hami_library` is None, the library
     file present when it is True. The caller closes `preparer`."""
@@ -99,7 +102,7 @@ def make_node(
     nvml = open_sim(state)
     nvml.init()
     metrics = NodeMetrics()
-    ops = NvmlOps(nvml, metrics)
+    ops = ops_factory(nvml, metrics)
     paths = HamiCorePaths(tmp_path / "host" / "libvgpu.so", tmp_path / "vgpu")
     if hami_library:
         paths.library.parent.mkdir(parents=True)
@@ -123,6 +126,7 @@ def make_node(
         mig_minors=None,
         crash=Crashpoints(frozenset(), tmp_path / "marker"),
         hami_core=hami,
+        shared_split_count=split_count,
     )
     return SimNode(
         nvml, SimAdmin(state), api, store, metrics, preparer, paths, tmp_path / "cdi", migmode, ops, hami

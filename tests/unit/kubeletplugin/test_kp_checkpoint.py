@@ -238,3 +238,49 @@ def test_bad_shares_are_corrupt(tmp_path: Path, bad: object) -> None:
     (tmp_path / "cp.json").write_text(json.dumps(payload))
     with pytest.raises(CheckpointCorrupt, match="shares"):
         CheckpointStore(tmp_path / "cp.json", BOOT).load()
+
+
+def _in_thread(fn: object, timeout_s: float = 5.0) -> list[object]:
+    """Run `fn` in a daemon thread; a deadlock fails the test (the thread is left blocked) instead of
+    hanging the whole run."""
+    out: list[object] = []
+
+    def run() -> None:
+        out.append(fn())  # type: ignore[operator]
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout_s)
+    assert not t.is_alive(), "a nested checkpoint store call deadlocked"
+    return out
+
+
+def test_nested_store_calls_do_not_deadlock(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "cp.json", BOOT)
+    store.put_claim(_claim("a"))
+
+    def nested() -> object:
+        # A mutation that itself reads and writes through the store, three levels deep.
+        def mutate(cp: Checkpoint) -> object:
+            inner = store.get_claim("a")
+            store.put_claim(_claim("b"))
+            return (inner, store.update(lambda cp2: sorted(cp2.claims)))
+
+        return store.update(mutate)
+
+    [(inner, seen)] = _in_thread(nested)
+    assert inner is not None and inner.uid == "a"
+    assert seen == ["a", "b"]
+
+
+def test_flock_released_after_nesting_other_process_can_lock(tmp_path: Path) -> None:
+    import fcntl
+    import os
+
+    store = CheckpointStore(tmp_path / "cp.json", BOOT)
+    _in_thread(lambda: store.update(lambda cp: store.load()))
+    fd = os.open(tmp_path / "cp.json.lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises BlockingIOError if still held
+    finally:
+        os.close(fd)

@@ -148,11 +148,13 @@ def test_cdi_spec_of_a_shared_claim() -> None:
         "CUDA_DEVICE_MEMORY_LIMIT_0=8000m",
         "CUDA_DEVICE_SM_LIMIT_0=30",
     ]
-    assert device["containerEdits"]["deviceNodes"][0] == {"path": "/dev/nvidia3"}
-    assert spec["containerEdits"] == edits
+    assert device["containerEdits"]["deviceNodes"][0]["path"] == "/dev/nvidia3"
+    # HAMi-core's edits join the common ones (control node, driver files) every container gets once.
+    assert spec["containerEdits"]["env"] == edits["env"]
+    assert spec["containerEdits"]["deviceNodes"][0]["path"] == "/dev/nvidiactl"
     # Spec-level edits belong to shared claims only; MIG/whole specs keep none.
     with pytest.raises(ValueError, match="only for claims with shared GPUs"):
         cdi.build_claim_spec(UID, [cdi.PreparedGpu("gpu-0", "GPU-abc", 0)], None, edits)
-    assert "containerEdits" not in cdi.build_claim_spec(UID, [cdi.PreparedGpu("gpu-0", "GPU-abc", 0)])
+    assert "env" not in cdi.build_claim_spec(UID, [cdi.PreparedGpu("gpu-0", "GPU-abc", 0)])["containerEdits"]
     with pytest.raises(ValueError, match="not NAME=value"):
         cdi.build_claim_spec(UID, [cdi.PreparedShared("gpu-3-shared", "GPU-abc", 3, ("=x",))])

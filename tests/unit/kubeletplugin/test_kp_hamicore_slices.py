@@ -53,6 +53,7 @@ def test_shared_device_shape_is_contract_c1() -> None:
             "architecture": {"string": "hopper"},
             "index": {"int": 0},
             "splitCount": {"int": DEFAULT_DEVICE_SPLIT_COUNT},
+            "enforced": {"bool": True},
         },
         "capacity": {
             "memory": {

@@ -14,6 +14,7 @@ from kubeletplugin.nodeconfig import (
     parse_device_plugin_config,
 )
 
+UUID = "GPU-0b5d2a8e-1c3f-4e5a-9b7c-6d8e9f0a1b2c"
 HAMI_CONFIG = {
     "nodeconfig": [
         {
@@ -21,7 +22,7 @@ HAMI_CONFIG = {
             "operatingmode": "mig",
             "migstrategy": "none",
             "devicesplitcount": 10,
-            "filterdevices": {"uuid": ["GPU-x"], "index": [3]},
+            "filterdevices": {"uuid": [UUID], "index": [3]},
         },
         {"name": "node-b", "operatingmode": "hami-core"},
     ]
@@ -31,15 +32,26 @@ HAMI_CONFIG = {
 def test_parses_hami_file() -> None:
     cfg = parse_device_plugin_config(json.dumps(HAMI_CONFIG))
     a = cfg["node-a"]
-    assert a.publishes_mig and a.filter_uuids == {"GPU-x"} and a.filter_indexes == {3}
-    assert a.is_filtered(3, "GPU-y") and a.is_filtered(0, "GPU-x") and not a.is_filtered(0, "GPU-y")
+    assert a.publishes_mig and a.filter_uuids == {UUID} and a.filter_indexes == {3}
+    assert a.is_filtered(3, "GPU-y") and a.is_filtered(0, UUID) and not a.is_filtered(0, "GPU-y")
     assert not cfg["node-b"].publishes_mig
 
 
 def test_node_without_entry_gets_default() -> None:
-    assert node_config_for(HAMI_CONFIG, "node-z") == NodeConfig("node-z", OperatingMode.HAMI_CORE)
+    # An unlisted node decides per GPU (auto); a listed one without operatingmode is HAMi's hami-core.
+    assert node_config_for(HAMI_CONFIG, "node-z") == NodeConfig("node-z", OperatingMode.AUTO)
     assert node_config_for(None, "n", OperatingMode.MIG).publishes_mig
-    assert node_config_for({}, "n").operating_mode is OperatingMode.HAMI_CORE
+    assert node_config_for({}, "n").operating_mode is OperatingMode.AUTO
+    assert node_config_for({"nodeconfig": [{"name": "n"}]}, "n").operating_mode is OperatingMode.HAMI_CORE
+
+
+def test_auto_mode_is_decided_per_gpu() -> None:
+    auto = NodeConfig("n", OperatingMode.AUTO)
+    assert auto.gpu_mode(mig_capable=True) is OperatingMode.MIG
+    assert auto.gpu_mode(mig_capable=False) is OperatingMode.HAMI_CORE
+    for mode in (OperatingMode.MIG, OperatingMode.HAMI_CORE, OperatingMode.MPS):
+        assert NodeConfig("n", mode).gpu_mode(mig_capable=True) is mode
+        assert NodeConfig("n", mode).gpu_mode(mig_capable=False) is mode
 
 
 @pytest.mark.parametrize(
@@ -52,7 +64,7 @@ def test_node_without_entry_gets_default() -> None:
         ({"nodeconfig": [{"operatingmode": "mig"}]}, r"nodeconfig\[0\].name"),
         (
             {"nodeconfig": [{"name": "a", "operatingmode": "MIG"}]},
-            r"operatingmode 'MIG' is not one of: hami-core, mig, mps",
+            r"operatingmode 'MIG' is not one of: auto, hami-core, mig, mps",
         ),
         ({"nodeconfig": [{"name": "a", "filterdevice": {}}]}, r"unknown keys \['filterdevice'\]"),
         ({"nodeconfig": [{"name": "a", "filterdevices": []}]}, "filterdevices must be an object"),

@@ -15,7 +15,7 @@ from api.constants import DRIVER_NAME
 from driver.migannotation import decode_mig_allocations, encode_mig_allocations
 from kubeletplugin.checkpoint_model import ClaimCheckpoint, ClaimState, PreparedDeviceRecord
 from kubeletplugin.claimstatus import annotation_records, device_status_entries, pod_mig_devices
-from kubeletplugin.config import ConfigError, add_flags, load_config
+from kubeletplugin.config import ConfigError, UnenforcedShares, add_flags, load_config
 from kubeletplugin.crashpoints import Crashpoints
 from kubeletplugin.nodeconfig import OperatingMode
 from kubeletplugin.publisher import content_hash
@@ -140,7 +140,11 @@ def test_config_defaults_env_and_files(tmp_path: Path) -> None:
     del base["node_name"]
     cfg = load_config(_args(**base), env={"NODE_NAME": "from-env", "FLEXMIG_METRICS_PORT": "-1"})
     assert cfg.node_name == "from-env" and cfg.metrics_port is None
-    assert cfg.node_config.operating_mode is OperatingMode.HAMI_CORE  # HAMi's default without a flag
+    # Without a flag an unlisted node decides per GPU, and a missing HAMi-core library withholds shares.
+    assert cfg.node_config.operating_mode is OperatingMode.AUTO
+    assert cfg.unenforced_shares is UnenforcedShares.REFUSE
+    cfg = load_config(_args(**_base(tmp_path)), env={"FLEXMIG_UNENFORCED_SHARES": "publish"})
+    assert cfg.unenforced_shares is UnenforcedShares.PUBLISH
     cfg = load_config(_args(**_base(tmp_path), operating_mode="mig"), env={})
     assert cfg.node_config.publishes_mig
 
@@ -152,7 +156,11 @@ def test_config_defaults_env_and_files(tmp_path: Path) -> None:
         ({"nvml": "cuda"}, "--nvml (env FLEXMIG_NVML): 'cuda' is not an NVML backend; allowed: \"real\""),
         ({"nvml": "sim:/nonexistent"}, "does not exist"),
         ({"metrics_port": "70000"}, "--metrics-port"),
-        ({"operating_mode": "fast"}, "allowed: hami-core, mig, mps"),
+        ({"operating_mode": "fast"}, "allowed: auto, hami-core, mig, mps"),
+        (
+            {"unenforced_shares": "maybe"},
+            "--unenforced-shares (env FLEXMIG_UNENFORCED_SHARES): 'maybe'; allowed: refuse, publish",
+        ),
         ({"cdi_dir": "relative/dir"}, "--cdi-dir"),
         ({"plugins_dir": "/tmp/" + "x" * 100}, "longer than 107 bytes"),
         ({"boot_id_path": "/nonexistent/boot"}, "--boot-id-path"),

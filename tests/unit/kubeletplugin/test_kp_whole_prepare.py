@@ -60,5 +60,17 @@ def test_whole_gpu_refused_while_a_mig_instance_lives_on_it(
     assert preparer.prepare([mig])[MIG_UID].error == ""
     blocked = _claim(api, BLOCKED_UID, "blocked", "gpu-0")
     result = preparer.prepare([blocked])[BLOCKED_UID]
+    # Refused before anything is touched, naming the claim that holds the GPU (defect 4).
+    assert "overlaps gpu-0-mig-1g10gb-19-0 (MIG) on GPU 0, already prepared for claim ns/mig" in result.error
+    assert admin.snapshot().gpus[0].mig_current is True and admin.snapshot().gpus[0].gpu_instances
+
+
+def test_whole_gpu_refused_while_a_foreign_mig_instance_lives_on_it(
+    node: tuple[Preparer, FakeApi, SimAdmin, Nvml, Path],
+) -> None:
+    preparer, api, admin, nvml, _ = node
+    nvml.create_gpu_instance(0, 19, 0)  # another actor's instance: no checkpoint entry names it
+    blocked = _claim(api, BLOCKED_UID, "blocked", "gpu-0")
+    result = preparer.prepare([blocked])[BLOCKED_UID]
     assert "still has MIG instances" in result.error
     assert admin.snapshot().gpus[0].mig_current is True and admin.snapshot().gpus[0].gpu_instances
