@@ -7,15 +7,21 @@ and therefore under the same kind: a CDI spec file carries exactly one kind, and
 claim makes unprepare a single unlink.
 
 cdiVersion is "0.6.0": the oldest version that allows spec/device annotations (we record the claim
-uid there) and is understood by every containerd (>=1.7) and CRI-O that supports CDI. We use nothing
-newer (no hooks, intelRdt, additionalGIDs, netDevices).
+uid there) and device-node host paths, understood by every containerd (>=1.7) and CRI-O with CDI. We use
+nothing newer (no intelRdt, additionalGIDs, netDevices).
+
+What a CUDA container needs, in both runtime set-ups:
+- CDI (containerd/CRI-O inject the spec): per device, `/dev/nvidia<N>` and, for a MIG device, its GI and
+  CI capability nodes; once per claim (spec-level containerEdits) `/dev/nvidiactl`, `/dev/nvidia-uvm`,
+  `/dev/nvidia-uvm-tools`, the driver's libraries and binaries bind-mounted read-only, and
+  createContainer hooks (`nvidia-cdi-hook create-symlinks` / `update-ldcache`) when the hook is
+  installed. Device nodes are complete (type, major, minor, host path: `driver.cdi_host`) so the runtime
+  creates them without stat-ing the host.
+- the legacy NVIDIA runtime reads only `NVIDIA_VISIBLE_DEVICES` from each container's environment.
 
 A claim of HAMi-core shared GPUs (`PreparedShared`) gets each GPU as a whole-GPU device plus its
-per-device HAMi-core limits, and spec-level containerEdits (built by `driver.hamicore`) with what every
-container of the claim needs once: the shared-region cache, the library mount and its preload.
-
-Device nodes carry only `path`; the runtime stats the host node for type/major/minor, which keeps the
-spec valid whatever major the nvidia-caps driver got on this boot.
+per-device HAMi-core limits, and more spec-level containerEdits (built by `driver.hamicore`): the
+shared-region cache, the library mount and its preload.
 
 Everything here is pure except `write_spec_atomically`, `remove_spec` and `read_mig_minors`.
 """
@@ -28,9 +34,11 @@ import os
 import re
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from driver.cdi_host import DeviceNode, DeviceTable, DriverFiles
 
 CDI_VERSION = "0.6.0"
 CDI_VENDOR = "gpu.flexmig.dev"
@@ -164,10 +172,10 @@ def mig_cap_minor(gpu_minor: int, gi_id: int, ci_id: int | None = None) -> int:
     return base + 1 + ci_id
 
 
-def mig_cap_device_nodes(
+def mig_cap_minors(
     gpu_minor: int, gi_id: int, ci_id: int, minors: Mapping[str, int] | None
-) -> tuple[str, str]:
-    """`/dev/nvidia-caps/nvidia-cap<N>` for the GI and the CI access capabilities.
+) -> tuple[int, int]:
+    """The nvidia-caps minors of the GI and the CI access capabilities.
 
     With a minors table (real node) a missing entry is an error: guessing would hand the container the
     wrong instance. Without one, the kernel formula is used.
@@ -175,52 +183,117 @@ def mig_cap_device_nodes(
     gi_key = f"gpu{gpu_minor}/gi{gi_id}/access"
     ci_key = f"gpu{gpu_minor}/gi{gi_id}/ci{ci_id}/access"
     if minors is None:
-        gi_minor, ci_minor = mig_cap_minor(gpu_minor, gi_id), mig_cap_minor(gpu_minor, gi_id, ci_id)
-    else:
-        missing = [k for k in (gi_key, ci_key) if k not in minors]
-        if missing:
-            raise ValueError(f"mig-minors table has no entry for {', '.join(missing)}")
-        gi_minor, ci_minor = minors[gi_key], minors[ci_key]
-    return f"/dev/nvidia-caps/nvidia-cap{gi_minor}", f"/dev/nvidia-caps/nvidia-cap{ci_minor}"
+        return mig_cap_minor(gpu_minor, gi_id), mig_cap_minor(gpu_minor, gi_id, ci_id)
+    missing = [k for k in (gi_key, ci_key) if k not in minors]
+    if missing:
+        raise ValueError(f"mig-minors table has no entry for {', '.join(missing)}")
+    return minors[gi_key], minors[ci_key]
+
+
+def cap_path(minor: int) -> str:
+    return f"/dev/nvidia-caps/nvidia-cap{minor}"
+
+
+def mig_cap_device_nodes(
+    gpu_minor: int, gi_id: int, ci_id: int, minors: Mapping[str, int] | None
+) -> tuple[str, str]:
+    """`/dev/nvidia-caps/nvidia-cap<N>` for the GI and the CI access capabilities."""
+    gi_minor, ci_minor = mig_cap_minors(gpu_minor, gi_id, ci_id, minors)
+    return cap_path(gi_minor), cap_path(ci_minor)
 
 
 # --- spec building ---------------------------------------------------------------------------------
 
+CONTROL_NODES = ("/dev/nvidiactl",)
+UVM_NODES = ("/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
-def _gpu_nodes(gpu_minor: int) -> list[str]:
+
+@dataclass(frozen=True, slots=True)
+class SpecHost:
+    """The host facts a spec is built from: device numbers and the driver's files."""
+
+    devices: DeviceTable = field(default_factory=DeviceTable)
+    driver: DriverFiles = field(default_factory=DriverFiles)
+
+
+def _check_gpu_minor(gpu_minor: int) -> None:
     if isinstance(gpu_minor, bool) or not isinstance(gpu_minor, int) or gpu_minor < 0:
         raise ValueError(f"gpu_minor must be a non-negative integer, got {gpu_minor!r}")
-    return [f"/dev/nvidia{gpu_minor}", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
 
 
-def _check_uuid(field: str, value: str, prefix: str) -> None:
+def _required_node(table: DeviceTable, path: str) -> DeviceNode:
+    node = table.node(path)
+    if node is None:  # only for numbers that come from /proc/devices
+        raise ValueError(
+            f"device node {path}: no host node under {table.dev_root} and its driver is not loaded"
+        )
+    return node
+
+
+def _check_uuid(field_name: str, value: str, prefix: str) -> None:
     if not isinstance(value, str) or not _UUID_RE.match(value) or not value.startswith(prefix):
-        raise ValueError(f"{field} {value!r} is invalid: expected '{prefix}<uuid>'")
+        raise ValueError(f"{field_name} {value!r} is invalid: expected '{prefix}<uuid>'")
 
 
 def _visible_uuid(dev: PreparedDevice) -> str:
     return dev.mig_uuid if isinstance(dev, PreparedMig) else dev.gpu_uuid
 
 
-def _device_edits(dev: PreparedDevice, minors: Mapping[str, int] | None, visible: str) -> dict[str, Any]:
+def device_nodes(
+    dev: PreparedDevice, minors: Mapping[str, int] | None, table: DeviceTable
+) -> list[DeviceNode]:
+    """The nodes only this device brings: its GPU and, for a MIG device, its GI/CI capabilities."""
+    _check_gpu_minor(dev.gpu_minor)
+    nodes = [_required_node(table, f"/dev/nvidia{dev.gpu_minor}")]
+    if isinstance(dev, PreparedMig):
+        caps = [table.node(cap_path(m)) for m in mig_cap_minors(dev.gpu_minor, dev.gi_id, dev.ci_id, minors)]
+        if all(c is not None for c in caps):
+            nodes += [c for c in caps if c is not None]
+        elif table.strict:
+            raise ValueError(
+                f"MIG device {dev.device_name}: nvidia-caps is not registered in /proc/devices and its"
+                f" capability nodes are missing under {table.dev_root}: a container could not use the instance"
+            )
+    return nodes
+
+
+def _device_edits(
+    dev: PreparedDevice, minors: Mapping[str, int] | None, visible: str, table: DeviceTable
+) -> dict[str, Any]:
     if isinstance(dev, PreparedMig):
         _check_uuid("mig_uuid", dev.mig_uuid, "MIG-")
         _check_uuid("parent_uuid", dev.parent_uuid, "GPU-")
-        nodes = [
-            *_gpu_nodes(dev.gpu_minor),
-            *mig_cap_device_nodes(dev.gpu_minor, dev.gi_id, dev.ci_id, minors),
-        ]
     else:
         _check_uuid("gpu_uuid", dev.gpu_uuid, "GPU-")
-        nodes = _gpu_nodes(dev.gpu_minor)
     extra = list(dev.env) if isinstance(dev, PreparedShared) else []
     for item in extra:
         if "=" not in item or not item.split("=", 1)[0]:
             raise ValueError(f"env entry {item!r} of {dev.device_name} is not NAME=value")
     return {
         "env": [f"NVIDIA_VISIBLE_DEVICES={visible}", *extra],
-        "deviceNodes": [{"path": p} for p in nodes],
+        "deviceNodes": [n.entry() for n in device_nodes(dev, minors, table)],
     }
+
+
+def common_edits(host: SpecHost) -> dict[str, Any]:
+    """What every container given any device of the claim needs once: control/UVM nodes, driver files."""
+    nodes = [_required_node(host.devices, p) for p in CONTROL_NODES]
+    # UVM is loaded on demand on some nodes: a node whose driver is not loaded is left out, as the NVIDIA
+    # Container Toolkit's spec generator does; CUDA then fails in the container until it is loaded.
+    nodes += [n for n in (host.devices.node(p) for p in UVM_NODES) if n is not None]
+    edits: dict[str, Any] = {"deviceNodes": [n.entry() for n in nodes]}
+    if mounts := host.driver.mount_entries():
+        edits["mounts"] = mounts
+    if hooks := host.driver.hook_entries():
+        edits["hooks"] = hooks
+    return edits
+
+
+def _merge_edits(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = [*out.get(key, []), *value] if isinstance(value, list) else value
+    return out
 
 
 def build_claim_spec(
@@ -228,12 +301,14 @@ def build_claim_spec(
     devices: Sequence[PreparedDevice],
     mig_minors: Mapping[str, int] | None = None,
     spec_edits: Mapping[str, Any] | None = None,
+    host: SpecHost | None = None,
 ) -> dict[str, Any]:
     """The CDI spec (JSON-ready dict) for one claim's prepared devices.
 
     `mig_minors` is the parsed mig-minors table, or None to use the kernel formula (simulator).
-    `spec_edits` are spec-level containerEdits (HAMi-core claims only), applied once to any container
-    that gets one of the claim's devices.
+    `spec_edits` are HAMi-core's spec-level containerEdits (claims with shared GPUs only), added to the
+    common edits every container of the claim gets once. `host` supplies device numbers and driver files
+    (default: this host's /dev, no driver files).
     """
     validate_claim_uid(claim_uid)
     if not devices:
@@ -241,6 +316,9 @@ def build_claim_spec(
     names = [d.device_name for d in devices]
     if len(set(names)) != len(names):
         raise ValueError(f"devices contain duplicate device_name entries: {sorted(names)}")
+    if spec_edits and not any(isinstance(d, PreparedShared) for d in devices):
+        raise ValueError("spec-level containerEdits are only for claims with shared GPUs")
+    host = host or SpecHost()
     # A runtime merging two devices' edits keeps only the last value of an env var, so a container given
     # two devices of one claim (nvidia.com/gpu: 2 through the shim) would see one GPU. Every device of
     # the claim therefore carries the same variable: the claim's UUIDs in device order. Device nodes stay
@@ -253,15 +331,12 @@ def build_claim_spec(
         "devices": [
             {
                 "name": cdi_device_name(claim_uid, d.device_name),
-                "containerEdits": _device_edits(d, mig_minors, visible),
+                "containerEdits": _device_edits(d, mig_minors, visible, host.devices),
             }
             for d in devices
         ],
+        "containerEdits": _merge_edits(common_edits(host), spec_edits or {}),
     }
-    if spec_edits:
-        if not any(isinstance(d, PreparedShared) for d in devices):
-            raise ValueError("spec-level containerEdits are only for claims with shared GPUs")
-        spec["containerEdits"] = dict(spec_edits)
     return spec
 
 

@@ -4,6 +4,12 @@ Everything about a profile (memory, slices, engines, instance limit, placements)
 NVML port; only the *name* is computed (NVIDIA's rule, naming.py) because names are what admins write
 in the allowlist. Problems are never dropped silently: each becomes a `CatalogWarning` on the returned
 catalog and a structlog warning, so `flexmig profiles` and the node logs show what an admin must fix.
+
+One exception to "read through NVML": a Hopper-or-newer GPU with MIG off may refuse profile queries
+(nvml.h documents NOT_SUPPORTED then), yet such a GPU publishes MIG devices before MIG is on. Its
+profiles then come from the built-in facts for its exact model (builtin.py), and the catalog says so
+(`origin`), so the plugin re-reads NVML once MIG is on. An unknown model in that state publishes the
+whole GPU only, with a warning saying why.
 """
 
 from __future__ import annotations
@@ -14,10 +20,11 @@ from typing import Protocol
 import structlog
 
 from driver.catalog.allowlist import DEFAULT_MIG_PROFILE_ALLOWLIST, MigProfileAllowlist
+from driver.catalog.builtin import builtin_profile_infos, builtin_sku
 from driver.catalog.models import model_for_nvml_name
 from driver.catalog.naming import profile_name
-from driver.catalog.types import CatalogWarning, CatalogWarningKind, GpuCatalog, MigProfile
-from driver.nvml.types import GiProfileInfo, GpuInfo, NvmlError
+from driver.catalog.types import CatalogWarning, CatalogWarningKind, GpuCatalog, MigProfile, ProfileOrigin
+from driver.nvml.types import GiProfileInfo, GpuInfo, MigMode, NvmlError
 
 log = structlog.get_logger(__name__)
 
@@ -30,6 +37,8 @@ class ProfileSource(Protocol):
     def gpu(self, index: int) -> GpuInfo: ...
 
     def gi_profiles(self, index: int) -> list[GiProfileInfo]: ...
+
+    def mig_mode(self, index: int) -> MigMode: ...
 
 
 def profile_order(profile: MigProfile) -> tuple[int, int, int, str]:
@@ -108,6 +117,24 @@ def _discover_gpu(nvml: ProfileSource, gpu: GpuInfo, allowlist: MigProfileAllowl
             f"cannot read MIG profiles ({exc}); publishing the whole GPU only",
         )
         return _catalog(gpu, model_key, (), (), warnings)
+    origin = ProfileOrigin.NVML
+    if not infos and _refused_with_mig_off(nvml, gpu):
+        builtin = builtin_profile_infos(gpu.name)
+        if builtin is None:
+            warnings.add(
+                CatalogWarningKind.MIG_UNAVAILABLE,
+                "NVML refuses MIG profile queries while MIG mode is off and this exact GPU model is not "
+                "in flexmig's built-in profile table; publishing the whole GPU only until MIG mode is on",
+            )
+            return _catalog(gpu, model_key, (), (), warnings, ProfileOrigin.REFUSED)
+        sku = builtin_sku(gpu.name)
+        warnings.add(
+            CatalogWarningKind.PROFILES_FROM_BUILTIN,
+            f"NVML refuses MIG profile queries while MIG mode is off; using flexmig's built-in profile "
+            f"table for {sku.key if sku is not None else gpu.name}, to be checked against NVML once MIG "
+            f"mode is on",
+        )
+        infos, origin = list(builtin), ProfileOrigin.BUILTIN
     offered = tuple(sorted((mig_profile(i, gpu.memory_total_mib) for i in infos), key=profile_order))
     if not offered:
         # NVML answers "not supported" for every profile while MIG is off on GPUs that only report
@@ -119,7 +146,22 @@ def _discover_gpu(nvml: ProfileSource, gpu: GpuInfo, allowlist: MigProfileAllowl
         return _catalog(gpu, model_key, (), (), warnings)
     _check_names(offered, warnings)
     allowed = _allowed(gpu, offered, allowlist, warnings)
-    return _catalog(gpu, model_key, allowed, offered, warnings)
+    return _catalog(gpu, model_key, allowed, offered, warnings, origin)
+
+
+def _refused_with_mig_off(nvml: ProfileSource, gpu: GpuInfo) -> bool:
+    """No profiles because a GPU that switches MIG mode without a reset has MIG off right now.
+
+    Only such GPUs (Hopper and newer) publish MIG devices while MIG is off, so only they need profiles
+    before NVML will give them; an Ampere GPU with MIG off publishes the whole GPU whatever we know.
+    """
+    if gpu.architecture.mig_toggle_needs_reset:
+        return False
+    try:
+        return not nvml.mig_mode(gpu.index).current
+    except NvmlError as exc:
+        log.warning("cannot read MIG mode", gpu=gpu.index, gpu_name=gpu.name, error=str(exc))
+        return False
 
 
 def _check_names(offered: Sequence[MigProfile], warnings: _Warnings) -> None:
@@ -164,6 +206,7 @@ def _catalog(
     allowed: tuple[MigProfile, ...],
     offered: tuple[MigProfile, ...],
     warnings: _Warnings,
+    origin: ProfileOrigin = ProfileOrigin.NVML,
 ) -> GpuCatalog:
     # The axes come from the profiles themselves, so a GPU with an unfamiliar geometry still works:
     # the placement axis ends where the furthest placement ends, and the largest profile holds every
@@ -179,4 +222,5 @@ def _catalog(
         profiles=allowed,
         all_profiles=offered,
         warnings=tuple(warnings.items),
+        origin=origin,
     )

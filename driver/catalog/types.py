@@ -14,6 +14,15 @@ class CatalogWarningKind(StrEnum):
     PROFILE_NOT_OFFERED = "profile-not-offered"  # allowlisted name the GPU does not offer
     DUPLICATE_PROFILE_NAME = "duplicate-profile-name"  # two NVML profiles get the same name
     MIG_UNAVAILABLE = "mig-unavailable"  # the profile query failed (e.g. Ampere with MIG off)
+    PROFILES_FROM_BUILTIN = "profiles-from-builtin"  # NVML refused with MIG off: built-in table used
+
+
+class ProfileOrigin(StrEnum):
+    """Where a catalog's profiles came from, and so whether the plugin must ask NVML again later."""
+
+    NVML = "nvml"  # NVML answered (or the GPU has no MIG at all): final
+    BUILTIN = "builtin"  # NVML refused while MIG was off; built-in facts for this exact model
+    REFUSED = "refused"  # NVML refused while MIG was off and the model is unknown: no profiles yet
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +73,12 @@ class GpuCatalog:
     profiles: tuple[MigProfile, ...]  # allowed profiles, smallest memory first
     all_profiles: tuple[MigProfile, ...]  # every profile the GPU offers, allowed or not
     warnings: tuple[CatalogWarning, ...] = ()  # what discovery found wrong (see CatalogWarningKind)
+    origin: ProfileOrigin = ProfileOrigin.NVML
+
+    @property
+    def awaits_nvml(self) -> bool:
+        """NVML refused the profile query with MIG off: re-read (and compare) once MIG is on."""
+        return self.origin is not ProfileOrigin.NVML
 
     def profile(self, name: str) -> MigProfile | None:
         return next((p for p in self.all_profiles if p.name == name), None)

@@ -39,6 +39,7 @@ class _CiProfile:
     profile_id: int
     slice_count: int
     instance_count: int
+    multiprocessors: int
 
 
 class Nvml:
@@ -272,7 +273,7 @@ class Nvml:
         cached = self._ci_profile_cache.get(key)
         if cached is None:
             cached = [
-                _CiProfile(int(p.id), int(p.sliceCount), int(p.instanceCount))
+                _CiProfile(int(p.id), int(p.sliceCount), int(p.instanceCount), int(p.multiprocessorCount))
                 for p in self._ci_profiles(gi_handle)
             ]
             self._ci_profile_cache[key] = cached
@@ -304,14 +305,31 @@ class Nvml:
             compute_size=int(info.placement.size),
         )
 
+    @staticmethod
+    def full_ci_profile(candidates: list[_CiProfile], gi_profile: GiProfileInfo) -> _CiProfile | None:
+        """The CI profile NVML reports as spanning the whole GI.
+
+        Its slice count equals the GI's. More than one can: inside a 1g double-memory GI on Hopper
+        (1g.20gb, 1g.24gb) NVML reports the plain 1-slice profile 0 and profile 7 (1_SLICE_REV1), and
+        7 is the default, the one holding all of the GI's SMs. So prefer the profile whose SM count is
+        the GI's, then the most SMs, then the higher id (the variant over the plain profile).
+        """
+        full = [p for p in candidates if p.slice_count == gi_profile.compute_slices]
+        if not full:
+            return None
+        return max(
+            full,
+            key=lambda p: (p.multiprocessors == gi_profile.multiprocessors, p.multiprocessors, p.profile_id),
+        )
+
     def create_compute_instance(self, index: int, gi_id: int) -> ComputeInstance:
-        """Create the full-size CI (CI slice count == GI slice count) inside GI `gi_id`."""
+        """Create the CI that spans the whole GI `gi_id` (see `full_ci_profile`)."""
         gi = self._gi_handle(index, gi_id)
         gi_profile = self.gi_profile_by_id(index, int(self._call("nvmlGpuInstanceGetInfo", gi).profileId))
-        full = [p for p in self._ci_profiles_for(index, gi) if p.slice_count == gi_profile.compute_slices]
-        if not full:
+        full = self.full_ci_profile(self._ci_profiles_for(index, gi), gi_profile)
+        if full is None:
             raise NvmlError("nvmlGpuInstanceGetComputeInstanceProfileInfo", NvmlErrorCode.NOT_SUPPORTED)
-        ci = self._call("nvmlGpuInstanceCreateComputeInstance", gi, full[0].profile_id)
+        ci = self._call("nvmlGpuInstanceCreateComputeInstance", gi, full.profile_id)
         return self._ci_value(index, gi_id, self._call("nvmlComputeInstanceGetInfo", ci))
 
     def compute_instances(self, index: int, gi_id: int) -> list[ComputeInstance]:

@@ -16,6 +16,7 @@ from driver.nvml.sim.admin import (
 )
 from driver.nvml.sim.hardware import SKUS, CiProfileRow, GiProfileRow, Sku, Variant
 from driver.nvml.sim.library import SimulatedNvmlLibrary
+from driver.nvml.sim.state import MigOffQueries
 
 
 def open_sim(path: str | os.PathLike[str]) -> Nvml:
@@ -27,6 +28,7 @@ __all__ = [
     "SKUS",
     "CiProfileRow",
     "GiProfileRow",
+    "MigOffQueries",
     "SimAdmin",
     "SimComputeInstanceView",
     "SimGpuInstanceView",

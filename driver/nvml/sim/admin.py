@@ -15,7 +15,15 @@ import pynvml
 
 from driver.nvml.sim import rules
 from driver.nvml.sim.hardware import SKUS
-from driver.nvml.sim.state import EventState, FaultState, GpuState, ProcessState, SimState, StateFile
+from driver.nvml.sim.state import (
+    EventState,
+    FaultState,
+    GpuState,
+    MigOffQueries,
+    ProcessState,
+    SimState,
+    StateFile,
+)
 from driver.nvml.types import HealthEventKind, NvmlError, NvmlErrorCode
 
 _EVENT_TYPES = {
@@ -30,6 +38,8 @@ class SimGpuSpec:
     sku: str  # a key of `SKUS`, e.g. "A100-40GB"
     mig_enabled: bool = True
     uuid: str | None = None  # default: derived deterministically from the seed and the GPU index
+    # Hopper and newer only: answer or refuse MIG profile queries while MIG mode is off.
+    mig_off_queries: MigOffQueries = MigOffQueries.ANSWER
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,8 +94,15 @@ def init_sim_state(
             raise ValueError(
                 f"gpus[{index}].sku: unknown SKU {spec.sku!r}; allowed: {', '.join(sorted(SKUS))}"
             )
+        if not isinstance(spec.mig_off_queries, MigOffQueries):
+            allowed = ", ".join(m.value for m in MigOffQueries)
+            raise ValueError(
+                f"gpus[{index}].mig_off_queries: {spec.mig_off_queries!r} is not valid; allowed: {allowed}"
+            )
         uuid = spec.uuid or rules.gpu_uuid(seed, index)
-        states.append(GpuState(spec.sku, uuid, spec.mig_enabled, spec.mig_enabled))
+        gpu = GpuState(spec.sku, uuid, spec.mig_enabled, spec.mig_enabled)
+        gpu.mig_off_queries = spec.mig_off_queries.value
+        states.append(gpu)
     if default_latency_s < 0:
         raise ValueError("default_latency_s must be >= 0")
     StateFile(path).create(SimState(gpus=states, default_latency_s=default_latency_s), overwrite=overwrite)
@@ -164,8 +181,17 @@ class SimAdmin:
             data = xid if kind is HealthEventKind.XID else 0
             st.events.append(EventState(gpu_index, int(_EVENT_TYPES[kind]), data, gi_id, ci_id))
 
+    def set_mig_off_queries(self, gpu_index: int, behaviour: MigOffQueries) -> None:
+        """Whether GPU `gpu_index` (Hopper or newer) answers MIG profile queries while MIG is off."""
+        if not isinstance(behaviour, MigOffQueries):
+            allowed = ", ".join(m.value for m in MigOffQueries)
+            raise ValueError(f"behaviour: {behaviour!r} is not valid; allowed: {allowed}")
+        with self._store.transaction() as st:
+            self._gpu(st, gpu_index).mig_off_queries = behaviour.value
+
     def reset_gpu(self, index: int) -> None:
-        """GPU reset: clears instances, applies a pending MIG mode; NvmlError(IN_USE) with processes."""
+        """GPU reset: clears instances; Ampere keeps MIG mode (applying a pending change), Hopper and
+        newer come back with MIG off. NvmlError(IN_USE) while processes run."""
         with self._store.transaction() as st:
             gpu = self._gpu(st, index)
             try:
@@ -174,10 +200,10 @@ class SimAdmin:
                 raise _as_nvml_error("nvmlDeviceResetGpu", exc) from exc
 
     def reboot(self) -> None:
-        """Node reboot: processes die, GI/CI configurations are lost, MIG mode stays as persisted.
+        """Node reboot: processes die, GI/CI configurations are lost.
 
-        A pending Ampere mode change is applied (a reboot resets the GPU). Whether Hopper+ keeps MIG
-        mode across reboots is unconfirmed; the simulator keeps it.
+        Ampere persists MIG mode (a pending change is applied, as a reboot resets the GPU); Hopper and
+        newer do not persist it and boot with MIG off.
         """
         with self._store.transaction() as st:
             for gpu in st.gpus:

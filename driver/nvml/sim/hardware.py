@@ -1,9 +1,13 @@
 """Immutable per-SKU MIG hardware tables for the NVML simulator.
 
-Values come from `reference/mig.md`. Rows whose values the reference marks [U] (unconfirmed) or [D]
-(derived) carry `confirmed=False` and a note saying which fields are uncertain. Memory is NVML's
-`memorySizeMB` (MiB); `starts` are placement starts in memory-slice units, `memory_slices` is the
-placement size.
+Where each value comes from, and how sure it is, is written down in `docs/hardware.md`. Rows with any
+value that is not confirmed by a public `nvidia-smi mig -lgip` / `-lgipp` capture ([U] unconfirmed or
+[D] derived from another part) carry `confirmed=False` and a note saying which fields are uncertain.
+Memory is NVML's `memorySizeMB` (MiB, i.e. the capture's GiB x 1024); `starts` are placement starts in
+memory-slice units, `memory_slices` is the placement size.
+
+These tables are also flexmig's built-in catalog (`driver/catalog/builtin.py`): a node whose NVML
+refuses profile queries while MIG mode is off publishes from them until it can ask NVML.
 """
 
 from __future__ import annotations
@@ -60,6 +64,10 @@ class Sku:
     memory_slices: int  # size of the placement axis
     compute_slices: int  # GPU-wide compute-slice budget
     profiles: tuple[GiProfileRow, ...]
+    # The compute-instance profile that spans a whole 1g double-memory (REV2) GI, i.e. the one
+    # `nvidia-smi mig -cci` picks by default there: 7 (1_SLICE_REV1) on Hopper [C for H100 and GH200,
+    # assumed for the other Hopper parts], the plain 1-slice profile 0 elsewhere [D].
+    rev2_full_ci_profile: int = 0
 
     def profile_by_id(self, profile_id: int) -> GiProfileRow | None:
         return next((p for p in self.profiles if p.profile_id == profile_id), None)
@@ -69,9 +77,15 @@ class Sku:
 
     @property
     def mig_query_needs_mig_enabled(self) -> bool:
-        """Ampere answers MIG profile queries only with MIG on; Hopper+ also with MIG off [U]."""
+        """Ampere answers MIG profile queries only with MIG on. Hopper+ may answer with MIG off too,
+        or refuse like Ampere (nvml.h says NOT_SUPPORTED; unconfirmed on Hopper): the simulator has a
+        per-GPU switch for that (`state.MigOffQueries`)."""
         return self.architecture.mig_toggle_needs_reset
 
+
+GI_ENUM_1_SLICE_REV2 = 9  # NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2: the 1g double-memory GI
+CI_PROFILE_1_SLICE = 0  # NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE
+CI_PROFILE_1_SLICE_REV1 = 7  # NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE_REV1
 
 _ALL_7 = (0, 1, 2, 3, 4, 5, 6)
 _EVEN_4 = (0, 2, 4, 6)
@@ -93,17 +107,17 @@ A100_40GB = (
     _R("7g.40gb", 4, 0, 7, 8, 1, 40192, 98, 7, 5, 0, 1, 1, _ZERO),
 )
 
-_A80 = "A100-80GB: derived from the 40GB part (ids, SMs, engines, placements); MiB from third-party data"
+_A80 = "A100-80GB: ids, SMs, engines, placements [D] from the 40GB part"
+_A80_M = _A80 + "; MiB [U] (only the 1g.10gb and 7g.80gb sizes are captured)"
+_A80_C = _A80 + "; MiB [C] (driver 515 capture)"
 A100_80GB = (
-    _R("1g.10gb", 0, 19, 1, 1, 7, 9856, 14, 1, 0, 0, 0, 0, _ALL_7, confirmed=False, note=_A80),
-    _R("1g.10gb+me", 7, 20, 1, 1, 1, 9856, 14, 1, 1, 0, 1, 1, _ALL_7, _ME, False, _A80),
-    _R("1g.20gb", 9, 15, 1, 2, 4, 19968, 14, 1, 1, 0, 0, 0, _EVEN_4, confirmed=False, note=_A80),
-    _R("2g.20gb", 1, 14, 2, 2, 3, 19968, 28, 2, 1, 0, 0, 0, _EVEN_3, confirmed=False, note=_A80),
-    _R("3g.40gb", 2, 9, 3, 4, 2, 40192, 42, 3, 2, 0, 0, 0, _HALVES, confirmed=False, note=_A80),
-    _R("4g.40gb", 3, 5, 4, 4, 1, 40192, 56, 4, 2, 0, 0, 0, _ZERO, confirmed=False, note=_A80),
-    _R(
-        "7g.80gb", 4, 0, 7, 8, 1, 81152, 98, 7, 5, 0, 1, 1, _ZERO, confirmed=False, note=_A80 + "; 7g MiB [U]"
-    ),
+    _R("1g.10gb", 0, 19, 1, 1, 7, 9728, 14, 1, 0, 0, 0, 0, _ALL_7, confirmed=False, note=_A80_C),
+    _R("1g.10gb+me", 7, 20, 1, 1, 1, 9728, 14, 1, 1, 0, 1, 1, _ALL_7, _ME, False, _A80_C),
+    _R("1g.20gb", 9, 15, 1, 2, 4, 19968, 14, 1, 1, 0, 0, 0, _EVEN_4, confirmed=False, note=_A80_M),
+    _R("2g.20gb", 1, 14, 2, 2, 3, 19968, 28, 2, 1, 0, 0, 0, _EVEN_3, confirmed=False, note=_A80_M),
+    _R("3g.40gb", 2, 9, 3, 4, 2, 40192, 42, 3, 2, 0, 0, 0, _HALVES, confirmed=False, note=_A80_M),
+    _R("4g.40gb", 3, 5, 4, 4, 1, 40192, 56, 4, 2, 0, 0, 0, _ZERO, confirmed=False, note=_A80_M),
+    _R("7g.80gb", 4, 0, 7, 8, 1, 80896, 98, 7, 5, 0, 1, 1, _ZERO, confirmed=False, note=_A80_C),
 )
 
 H100_80GB = (
@@ -114,6 +128,19 @@ H100_80GB = (
     _R("3g.40gb", 2, 9, 3, 4, 2, 40448, 60, 3, 3, 0, 3, 0, _HALVES),
     _R("4g.40gb", 3, 5, 4, 4, 1, 40448, 64, 4, 4, 0, 4, 0, _ZERO),
     _R("7g.80gb", 4, 0, 7, 8, 1, 81152, 132, 8, 7, 0, 7, 1, _ZERO),
+)
+
+# H100 PCIe is a smaller part than the SXM5 board (114 SMs instead of 132), so it needs its own rows:
+# the SM split is captured; memory and engines are assumed equal to the SXM5 board's.
+_HPCIE = "H100 PCIe: SMs [C]; MiB, engine counts [D] from H100 SXM5"
+H100_PCIE_80GB = (
+    _R("1g.10gb", 0, 19, 1, 1, 7, 9984, 14, 1, 1, 0, 1, 0, _ALL_7, confirmed=False, note=_HPCIE),
+    _R("1g.10gb+me", 7, 20, 1, 1, 1, 9984, 14, 1, 1, 0, 1, 1, _ALL_7, _ME, False, _HPCIE),
+    _R("1g.20gb", 9, 15, 1, 2, 4, 20096, 14, 1, 1, 0, 1, 0, _EVEN_4, confirmed=False, note=_HPCIE),
+    _R("2g.20gb", 1, 14, 2, 2, 3, 20096, 30, 2, 2, 0, 2, 0, _EVEN_3, confirmed=False, note=_HPCIE),
+    _R("3g.40gb", 2, 9, 3, 4, 2, 40448, 46, 3, 3, 0, 3, 0, _HALVES, confirmed=False, note=_HPCIE),
+    _R("4g.40gb", 3, 5, 4, 4, 1, 40448, 62, 4, 4, 0, 4, 0, _ZERO, confirmed=False, note=_HPCIE),
+    _R("7g.80gb", 4, 0, 7, 8, 1, 81152, 114, 8, 7, 0, 7, 1, _ZERO, confirmed=False, note=_HPCIE),
 )
 
 _NVL = "H100 NVL: engine counts [D] from H100-80GB"
@@ -127,15 +154,16 @@ H100_94GB = (
     _R("7g.94gb", 4, 0, 7, 8, 1, 95360, 132, 8, 7, 0, 7, 1, _ZERO, confirmed=False, note=_NVL),
 )
 
-_GH = "H100-96GB (GH200): names [C]; MiB, SMs, engines and placements [U] (H100-80GB values assumed)"
+_GH = "H100-96GB (GH200): MiB, SMs, engines [C]; placements [D] (A100 geometry assumed)"
+_GH12 = "H100-96GB (GH200): 1g.12gb MiB [U]; SMs, engines [C]; placements [D] (A100 geometry assumed)"
 H100_96GB = (
-    _R("1g.12gb", 0, 19, 1, 1, 7, 11264, 16, 1, 1, 0, 1, 0, _ALL_7, confirmed=False, note=_GH),
-    _R("1g.12gb+me", 7, 20, 1, 1, 1, 11264, 16, 1, 1, 0, 1, 1, _ALL_7, _ME, False, _GH),
-    _R("1g.24gb", 9, 15, 1, 2, 4, 23168, 26, 1, 1, 0, 1, 0, _EVEN_4, confirmed=False, note=_GH),
-    _R("2g.24gb", 1, 14, 2, 2, 3, 23168, 32, 2, 2, 0, 2, 0, _EVEN_3, confirmed=False, note=_GH),
-    _R("3g.48gb", 2, 9, 3, 4, 2, 48384, 60, 3, 3, 0, 3, 0, _HALVES, confirmed=False, note=_GH),
-    _R("4g.48gb", 3, 5, 4, 4, 1, 48384, 64, 4, 4, 0, 4, 0, _ZERO, confirmed=False, note=_GH),
-    _R("7g.96gb", 4, 0, 7, 8, 1, 97280, 132, 8, 7, 0, 7, 1, _ZERO, confirmed=False, note=_GH),
+    _R("1g.12gb", 0, 19, 1, 1, 7, 11264, 16, 1, 1, 0, 1, 0, _ALL_7, confirmed=False, note=_GH12),
+    _R("1g.12gb+me", 7, 20, 1, 1, 1, 11264, 16, 1, 1, 0, 1, 1, _ALL_7, _ME, False, _GH12),
+    _R("1g.24gb", 9, 15, 1, 2, 4, 23552, 26, 1, 1, 0, 1, 0, _EVEN_4, confirmed=False, note=_GH),
+    _R("2g.24gb", 1, 14, 2, 2, 3, 23552, 32, 2, 2, 0, 2, 0, _EVEN_3, confirmed=False, note=_GH),
+    _R("3g.48gb", 2, 9, 3, 4, 2, 47616, 60, 3, 3, 0, 3, 0, _HALVES, confirmed=False, note=_GH),
+    _R("4g.48gb", 3, 5, 4, 4, 1, 47616, 64, 4, 4, 0, 4, 0, _ZERO, confirmed=False, note=_GH),
+    _R("7g.96gb", 4, 0, 7, 8, 1, 95232, 132, 8, 7, 0, 7, 1, _ZERO, confirmed=False, note=_GH),
 )
 
 # H20 has far fewer SMs than H100 in total; the per-profile split is not captured anywhere, so the
@@ -156,21 +184,22 @@ H200_141GB = (
 
 _B = "B200: placements [D]; DEC/JPEG/OFA from the guide table [U]"
 _B_SM = _B + "; SMs [U] (estimated from the 1g count), MiB [U]"
+# 2g.45gb: DEC/JPEG 2 are from an -lgip capture; its CE 4 disagrees with the guide's 3.
+_B2G = "B200: placements [D]; DEC 2 / JPEG 2 [C]; OFA [U]; CE [U] (capture 4, guide 3)"
 B200_180GB = (
     _R("1g.23gb", 0, 19, 1, 1, 7, 22528, 18, 2, 1, 0, 1, 0, _ALL_7, confirmed=False, note=_B),
     _R("1g.23gb+me", 7, 20, 1, 1, 1, 22528, 18, 2, 1, 0, 1, 1, _ALL_7, _ME, False, _B),
     _R("1g.45gb", 9, 15, 1, 2, 4, 45312, 30, 2, 1, 0, 1, 0, _EVEN_4, confirmed=False, note=_B),
-    _R(
-        "2g.45gb", 1, 14, 2, 2, 3, 45312, 36, 4, 1, 0, 1, 0, _EVEN_3, confirmed=False, note=_B + "; CE 3 vs 4"
-    ),
+    _R("2g.45gb", 1, 14, 2, 2, 3, 45312, 36, 4, 2, 0, 2, 0, _EVEN_3, confirmed=False, note=_B2G),
     _R("3g.90gb", 2, 9, 3, 4, 2, 91136, 54, 6, 1, 0, 1, 0, _HALVES, confirmed=False, note=_B_SM),
     _R("4g.90gb", 3, 5, 4, 4, 1, 91136, 72, 8, 1, 0, 1, 0, _ZERO, confirmed=False, note=_B_SM + "; R570+"),
     _R("7g.180gb", 4, 0, 7, 8, 1, 183040, 148, 16, 1, 0, 1, 1, _ZERO, confirmed=False, note=_B_SM),
 )
 
 _A30E = "A30: engine counts [U] (not in the reference)"
+_A30_1G = "A30: DEC 1 [C] (driver 535 capture; the guide says 0); CE, JPEG, OFA [U]"
 A30_24GB = (
-    _R("1g.6gb", 0, 14, 1, 1, 4, 5952, 14, 1, 0, 0, 0, 0, (0, 1, 2, 3), confirmed=False, note=_A30E),
+    _R("1g.6gb", 0, 14, 1, 1, 4, 5952, 14, 1, 1, 0, 0, 0, (0, 1, 2, 3), confirmed=False, note=_A30_1G),
     _R("1g.6gb+me", 7, 21, 1, 1, 1, 5952, 14, 1, 1, 0, 1, 1, (0, 1, 2, 3), _ME, False, _A30E),
     _R("2g.12gb", 1, 5, 2, 2, 2, 11968, 28, 2, 2, 0, 0, 0, (0, 2), confirmed=False, note=_A30E),
     _R("2g.12gb+me", 8, 6, 2, 2, 1, 11968, 28, 2, 2, 0, 1, 1, (0, 2), _ME, False, _A30E + "; MiB [D]"),
@@ -199,7 +228,8 @@ _AMP, _HOP, _BW = Architecture.AMPERE, Architecture.HOPPER, Architecture.BLACKWE
 def _sku(key: str, name: str, pci: int, mib: int, arch: Architecture, rows: tuple[GiProfileRow, ...]) -> Sku:
     mem = max(r.memory_slices for r in rows)
     compute = max(r.compute_slices for r in rows)
-    return Sku(key, name, pci, mib, arch, mem, compute, rows)
+    rev2_ci = CI_PROFILE_1_SLICE_REV1 if arch is _HOP else CI_PROFILE_1_SLICE
+    return Sku(key, name, pci, mib, arch, mem, compute, rows, rev2_ci)
 
 
 SKUS: dict[str, Sku] = {
@@ -210,7 +240,7 @@ SKUS: dict[str, Sku] = {
         _sku("A100-PCIE-40GB", "NVIDIA A100-PCIE-40GB", 0x20F1, 40960, _AMP, A100_40GB),
         _sku("A100-80GB", "NVIDIA A100-SXM4-80GB", 0x20B2, 81920, _AMP, A100_80GB),
         _sku("H100-80GB", "NVIDIA H100 80GB HBM3", 0x2330, 81559, _HOP, H100_80GB),
-        _sku("H100-PCIE-80GB", "NVIDIA H100 PCIe", 0x2331, 81559, _HOP, H100_80GB),
+        _sku("H100-PCIE-80GB", "NVIDIA H100 PCIe", 0x2331, 81559, _HOP, H100_PCIE_80GB),
         _sku("H100-94GB", "NVIDIA H100 NVL", 0x2321, 95830, _HOP, H100_94GB),
         _sku("H100-96GB", "NVIDIA GH200 480GB", 0x2342, 97871, _HOP, H100_96GB),
         _sku("H20-96GB", "NVIDIA H20", 0x2329, 97871, _HOP, H20_96GB),
@@ -245,8 +275,14 @@ class CiProfileRow:
     starts: tuple[int, ...]  # compute-slice starts inside the GI [D]
 
 
-def ci_profiles(gi: GiProfileRow) -> tuple[CiProfileRow, ...]:
-    """Valid CI sizes C inside a G-slice GI: C <= G and (C == G or 2C <= G + 1)."""
+def ci_profiles(sku: Sku, gi: GiProfileRow) -> tuple[CiProfileRow, ...]:
+    """The CI profiles NVML reports inside a GI of profile `gi` on `sku`.
+
+    Valid CI sizes C inside a G-slice GI: C <= G and (C == G or 2C <= G + 1). A 1g double-memory GI on
+    Hopper also reports CI profile 7 (1_SLICE_REV1), which is the one spanning the GI's SMs; the plain
+    1-slice profile there gets only an ordinary 1g slice's SMs (whether the hardware accepts it at all
+    is [U]), so a caller that takes the lowest id gets a smaller instance than the GI it paid for.
+    """
     g = gi.compute_slices
     rows: list[CiProfileRow] = []
     for c, enum_index in sorted(CI_ENUM_BY_SLICES.items()):
@@ -254,6 +290,10 @@ def ci_profiles(gi: GiProfileRow) -> tuple[CiProfileRow, ...]:
             continue
         starts = tuple(range(0, g - c + 1, c))
         rows.append(CiProfileRow(enum_index, enum_index, c, g // c, gi.sms * c // g, starts))
+    if gi.enum_index == GI_ENUM_1_SLICE_REV2 and sku.rev2_full_ci_profile == CI_PROFILE_1_SLICE_REV1:
+        plain_sms = min(r.sms for r in sku.profiles if r.compute_slices == 1)
+        rows = [replace(r, sms=plain_sms) if r.enum_index == CI_PROFILE_1_SLICE else r for r in rows]
+        rows.append(CiProfileRow(CI_PROFILE_1_SLICE_REV1, CI_PROFILE_1_SLICE_REV1, 1, 1, gi.sms, (0,)))
     return tuple(rows)
 
 

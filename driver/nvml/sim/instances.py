@@ -29,7 +29,7 @@ class InstanceMixin(EventMixin):
             if not 0 <= profile < pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT or engProfile != 0:
                 rules.fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
             gi_row = rules.gi_row(gpu, gi)
-            row = next((r for r in ci_profiles(gi_row) if r.enum_index == profile), None)
+            row = next((r for r in ci_profiles(rules.sku_of(gpu), gi_row) if r.enum_index == profile), None)
             if row is None:
                 rules.fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
             if version == 2:
@@ -81,7 +81,8 @@ class InstanceMixin(EventMixin):
     ) -> int:
         def op(st: SimState) -> int:
             index, gpu, gi = self._gpu_instance(st, gpuInstance)
-            row = next((r for r in ci_profiles(rules.gi_row(gpu, gi)) if r.profile_id == profileId), None)
+            rows = ci_profiles(rules.sku_of(gpu), rules.gi_row(gpu, gi))
+            row = next((r for r in rows if r.profile_id == profileId), None)
             if row is None:
                 rules.fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
             items = [self._ci_handle(index, gi, ci) for ci in gi.cis if ci.profile_id == profileId]

@@ -12,11 +12,14 @@ from typing import NoReturn
 import pynvml
 
 from driver.nvml.sim.hardware import SKUS, GiProfileRow, Sku, Variant, ci_profiles, is_full_gpu
-from driver.nvml.sim.state import CiState, GiState, GpuState, SimState
+from driver.nvml.sim.state import CiState, GiState, GpuState, MigOffQueries, SimState
 
-# GI ids: 0 is reserved for the full-GPU profile, the others take the lowest free id from 1 up to 14
-# (nvidia-caps mig-minors go to gi14). Real drivers do not assign ids as a function of placement; the
-# lowest-free rule is a model [U].
+# GI ids go by size on real GPUs: the ids form a binary tree over the memory-slice axis, so a profile
+# holding 1/n of the memory gets an id in [n-1, 2n-2]: the full GPU 0, halves 1-2, quarters 3-6,
+# eighths 7-14 (A100/H100: 3g/4g 1-2, 2g 3-6, 1g 7-14; A30 and RTX PRO 6000: 2g 1-2, 1g 3-6) [C from
+# the user guide's examples and captures]. Inside its range an id is not tied to the placement on
+# real hardware, so the simulator takes the lowest free one [U]. The 1g double-memory GI holds a
+# quarter of the memory and so takes a quarter's id (3-6) [D]. nvidia-caps mig-minors stop at gi14.
 MAX_GI_ID = 14
 MAX_CI_ID = 7
 _MIG_NAMESPACE = uuid.UUID("5b7f4c0e-6d1a-4d6e-9a43-0c1f3f6b8a21")
@@ -51,8 +54,9 @@ def require_mig_on(gpu: GpuState) -> None:
 
 
 def require_mig_query(gpu: GpuState) -> None:
-    """Profile queries: Ampere needs MIG on, Hopper+ answers regardless [U: field 199]."""
-    if sku_of(gpu).mig_query_needs_mig_enabled:
+    """Profile queries: Ampere needs MIG on; Hopper+ answers or refuses with MIG off, per the GPU's
+    `mig_off_queries` switch [U: nvml.h says refuse; field 199 says some GPUs answer]."""
+    if sku_of(gpu).mig_query_needs_mig_enabled or gpu.mig_off_queries == MigOffQueries.REFUSE:
         require_mig_on(gpu)
 
 
@@ -125,11 +129,17 @@ def remaining_capacity(gpu: GpuState, row: GiProfileRow) -> int:
     return max(0, min(len(taken), by_compute, row.max_instances - _count_of(gpu, row)))
 
 
-def _next_gi_id(sku: Sku, gpu: GpuState, row: GiProfileRow) -> int:
+def gi_id_range(sku: Sku, row: GiProfileRow) -> range:
+    """The GI ids a GI of `row` can get: [n-1, 2n-2] for a profile holding 1/n of the memory axis."""
     if is_full_gpu(sku, row):
-        return 0
+        return range(0, 1)
+    blocks = max(1, sku.memory_slices // row.memory_slices)
+    return range(blocks - 1, min(2 * blocks - 1, MAX_GI_ID + 1))
+
+
+def _next_gi_id(sku: Sku, gpu: GpuState, row: GiProfileRow) -> int:
     used = {gi.id for gi in gpu.gis}
-    for candidate in range(1, MAX_GI_ID + 1):
+    for candidate in gi_id_range(sku, row):
         if candidate not in used:
             return candidate
     fail(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
@@ -177,7 +187,7 @@ def gi_row(gpu: GpuState, gi: GiState) -> GiProfileRow:
 
 def create_ci(state: SimState, gpu: GpuState, gi: GiState, ci_profile_id: int, start: int | None) -> CiState:
     require_mig_on(gpu)
-    rows = {r.profile_id: r for r in ci_profiles(gi_row(gpu, gi))}
+    rows = {r.profile_id: r for r in ci_profiles(sku_of(gpu), gi_row(gpu, gi))}
     row = rows.get(ci_profile_id)
     if row is None:
         fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
@@ -223,11 +233,16 @@ def set_mig_mode(gpu: GpuState, enabled: bool) -> int:
 
 
 def reset(gpu: GpuState) -> None:
-    """GPU reset: refused while processes run; clears all instances and applies the pending mode."""
+    """GPU reset (also what a reboot or driver reload does): refused while processes run; clears all
+    instances. Ampere keeps MIG mode across it (the mode is persisted, and a pending change takes effect
+    now); Hopper and newer do not persist it and come back with MIG off [C]."""
     if gpu.processes:
         fail(pynvml.NVML_ERROR_IN_USE)
     gpu.gis.clear()
-    gpu.mig_current = gpu.mig_pending
+    if sku_of(gpu).architecture.mig_toggle_needs_reset:
+        gpu.mig_current = gpu.mig_pending
+    else:
+        gpu.mig_current = gpu.mig_pending = False
 
 
 def mig_device_list(gpu: GpuState) -> list[tuple[GiState, CiState]]:

@@ -15,10 +15,23 @@ import os
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field, is_dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 SCHEMA_VERSION = 1
+
+
+class MigOffQueries(StrEnum):
+    """What a Hopper-or-newer GPU does with MIG profile queries while its MIG mode is off.
+
+    `nvml.h` says the profile-info calls return NOT_SUPPORTED with MIG disabled; NVIDIA's own DRA
+    driver relies on them answering on GB200. Which one a given Hopper part and driver does is not
+    confirmed, so the simulator can do either. Ampere always refuses (it is not switched by this).
+    """
+
+    ANSWER = "answer"
+    REFUSE = "refuse"
 
 
 @dataclass
@@ -55,6 +68,8 @@ class GpuState:
     mig_pending: bool
     gis: list[GiState] = field(default_factory=list)
     processes: list[ProcessState] = field(default_factory=list)
+    # A MigOffQueries value (kept as its string so the state file stays plain JSON).
+    mig_off_queries: str = MigOffQueries.ANSWER.value
 
 
 @dataclass
@@ -133,6 +148,8 @@ class SimState:
                     for gi in g["gis"]
                 ],
                 processes=[ProcessState(**p) for p in g["processes"]],
+                # Absent in state files written before the switch existed: they answered.
+                mig_off_queries=g.get("mig_off_queries", MigOffQueries.ANSWER.value),
             )
             for g in raw["gpus"]
         ]

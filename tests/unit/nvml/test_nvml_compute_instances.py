@@ -28,6 +28,17 @@ def test_full_ci_matches_gi_size(make_sim: SimFactory) -> None:
     assert nvml.create_compute_instance(0, gi.gi_id) == ComputeInstance(0, gi.gi_id, 0, 2, 0, 3)
 
 
+@pytest.mark.parametrize("sku", ["H100-80GB", "H100-PCIE-80GB", "H100-96GB"])
+def test_double_memory_1g_on_hopper_gets_ci_profile_7(make_sim: SimFactory, sku: str) -> None:
+    """1g.20gb / 1g.24gb: the CI NVML reports as spanning the GI is profile 7, not the lowest id 0."""
+    nvml, _, _ = make_sim(sku)
+    gi = nvml.create_gpu_instance(0, 15, 2)
+    ci = nvml.create_compute_instance(0, gi.gi_id)
+    assert (ci.profile_id, ci.compute_start, ci.compute_size) == (7, 0, 1)
+    assert nvml.compute_instances(0, gi.gi_id) == [ci]
+    assert [(d.gi_id, d.ci_id) for d in nvml.mig_devices(0)] == [(gi.gi_id, ci.ci_id)]
+
+
 def test_second_full_ci_is_insufficient_resources(make_sim: SimFactory) -> None:
     nvml, _, _ = make_sim("H100-80GB")
     gi = nvml.create_gpu_instance(0, 0, 0)
@@ -61,14 +72,15 @@ def test_mig_devices_and_uuids(make_sim: SimFactory) -> None:
     nvml.create_compute_instance(0, b.gi_id)
     nvml.create_compute_instance(0, a.gi_id)
     devices = nvml.mig_devices(0)
-    assert [(d.gi_id, d.ci_id) for d in devices] == [(a.gi_id, 0), (b.gi_id, 0)]
+    # MIG device indices follow GI ids, which go by size (3g before 1g), not by creation order.
+    assert [(d.gi_id, d.ci_id) for d in devices] == [(b.gi_id, 0), (a.gi_id, 0)]
     assert all(MIG_UUID.match(d.uuid) for d in devices)
     assert len({d.uuid for d in devices}) == 2
-    assert nvml.mig_uuid(0, b.gi_id, 0) == devices[1].uuid
+    assert nvml.mig_uuid(0, b.gi_id, 0) == devices[0].uuid
     with open_sim(path) as other:
         assert other.mig_devices(0) == devices
     with pytest.raises(NvmlError) as exc:
-        nvml.mig_uuid(0, 7, 0)
+        nvml.mig_uuid(0, 14, 0)  # no GI has that id
     assert exc.value.code is NvmlErrorCode.NOT_FOUND
 
 

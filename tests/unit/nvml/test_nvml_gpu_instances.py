@@ -135,14 +135,43 @@ def test_me_all_needs_only_no_me_neighbours(make_sim: SimFactory) -> None:
     assert _code(exc) is ERR.INSUFFICIENT_RESOURCES
 
 
-def test_gi_ids_lowest_free_and_full_gpu_gets_zero(make_sim: SimFactory) -> None:
+def test_gi_ids_go_by_size(make_sim: SimFactory) -> None:
+    """Real GPUs number GIs by size: full 0, halves 1-2, quarters 3-6, eighths 7-14."""
     nvml, _, _ = make_sim("A100-40GB")
     assert nvml.create_gpu_instance(0, P_7G, 0).gi_id == 0
     nvml.destroy_gpu_instance(0, 0)
-    ids = [nvml.create_gpu_instance(0, P_1G, s).gi_id for s in (6, 0, 3)]
-    assert ids == [1, 2, 3]
-    nvml.destroy_gpu_instance(0, 2)
-    assert nvml.create_gpu_instance(0, P_2G, 4).gi_id == 2
+    ids = [nvml.create_gpu_instance(0, P_1G, s).gi_id for s in (3, 0, 1)]
+    assert ids == [7, 8, 9]  # lowest free inside the 1g range, whatever the placement
+    nvml.destroy_gpu_instance(0, 8)
+    assert nvml.create_gpu_instance(0, P_1G, 2).gi_id == 8
+    assert nvml.create_gpu_instance(0, P_3G, 4).gi_id == 1
+    nvml.destroy_gpu_instance(0, 1)
+    assert nvml.create_gpu_instance(0, P_2G, 4).gi_id == 3
+    # The 1g double-memory GI holds a quarter of the memory: a quarter's id.
+    assert nvml.create_gpu_instance(0, P_1G_2X, 6).gi_id == 4
+
+
+def test_gi_id_ranges_cover_every_instance_of_every_model(make_sim: SimFactory) -> None:
+    """Filling a GPU with its most numerous profile never runs out of ids; ranges per size hold."""
+    nvml, _, _ = make_sim("A100-40GB", "A30-24GB", "RTX-PRO-6000", "H100-80GB")
+    expected = {
+        0: {P_1G: range(7, 15), P_2G: range(3, 7), P_3G: range(1, 3), P_4G: range(1, 3), P_7G: range(0, 1)},
+        1: {14: range(3, 7), 5: range(1, 3), 0: range(0, 1)},  # A30: 1g, 2g, 4g
+        2: {14: range(3, 7), 5: range(1, 3), 0: range(0, 1)},  # RTX PRO 6000: 1g, 2g, 4g
+        3: {P_1G: range(7, 15), P_1G_2X: range(3, 7), P_2G: range(3, 7), P_3G: range(1, 3)},
+    }
+    for gpu, by_profile in expected.items():
+        for profile, ids in by_profile.items():
+            made = []
+            for pl in nvml.gi_profile_by_id(gpu, profile).placements:
+                try:
+                    made.append(nvml.create_gpu_instance(gpu, profile, pl.start).gi_id)
+                except NvmlError as exc:
+                    assert exc.code is ERR.INSUFFICIENT_RESOURCES  # e.g. the 7-compute-slice limit
+            assert made and all(i in ids for i in made), (gpu, profile, made)
+            assert len(set(made)) == len(made)
+            for gi_id in made:
+                nvml.destroy_gpu_instance(gpu, gi_id)
 
 
 def test_remaining_capacity_counts_free_placements(make_sim: SimFactory) -> None:

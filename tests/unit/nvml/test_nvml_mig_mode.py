@@ -57,7 +57,7 @@ def test_reset_clears_instances_and_is_refused_with_processes(make_sim: SimFacto
     assert nvml.mig_devices(0) == []
 
 
-def test_reboot_clears_instances_keeps_ampere_mode(make_sim: SimFactory) -> None:
+def test_reboot_clears_instances_keeps_ampere_mode_not_hopper(make_sim: SimFactory) -> None:
     nvml, admin, _ = make_sim("A100-80GB", "H100-94GB")
     nvml.create_gpu_instance(0, 9, 0)
     nvml.create_gpu_instance(1, 9, 4)
@@ -65,8 +65,24 @@ def test_reboot_clears_instances_keeps_ampere_mode(make_sim: SimFactory) -> None
     assert nvml.set_mig_mode(0, False) is NvmlErrorCode.IN_USE
     admin.reboot()
     assert nvml.gpu_instances(0) == [] and nvml.gpu_instances(1) == []
-    assert nvml.mig_mode(0) == MigMode(True, True)
+    assert nvml.mig_mode(0) == MigMode(True, True)  # Ampere persists MIG mode
+    assert nvml.mig_mode(1) == MigMode(False, False)  # Hopper boots with MIG off
     assert admin.snapshot().gpus[1].processes == ()
+
+
+@pytest.mark.parametrize("sku", ["H100-80GB", "H200-141GB", "B200-180GB", "RTX-PRO-6000"])
+def test_reset_turns_mig_off_on_hopper_and_newer(make_sim: SimFactory, sku: str) -> None:
+    nvml, admin, _ = make_sim(sku)
+    assert nvml.mig_mode(0) == MigMode(True, True)
+    admin.reset_gpu(0)
+    assert nvml.mig_mode(0) == MigMode(False, False)
+
+
+def test_reset_keeps_mig_on_ampere(make_sim: SimFactory) -> None:
+    nvml, admin, _ = make_sim("A100-40GB", "A30-24GB")
+    for index in (0, 1):
+        admin.reset_gpu(index)
+        assert nvml.mig_mode(index) == MigMode(True, True)
 
 
 def test_gpu_info(make_sim: SimFactory) -> None:

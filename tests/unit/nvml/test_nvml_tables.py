@@ -8,7 +8,7 @@ from decimal import ROUND_HALF_UP, Decimal
 import pytest
 
 from driver.nvml.sim import SKUS
-from driver.nvml.sim.hardware import GiProfileRow, Variant, ci_profiles
+from driver.nvml.sim.hardware import CI_ENUM_BY_SLICES, GiProfileRow, Variant, ci_profiles
 from driver.nvml.types import Architecture
 
 _SUFFIX = {
@@ -56,8 +56,12 @@ def test_table_geometry_is_consistent(key: str) -> None:
         assert r.compute_slices <= sku.compute_slices
         # Unconfirmed rows must say what is uncertain.
         assert r.confirmed or r.note
-        full = [c for c in ci_profiles(r) if c.slices == r.compute_slices]
-        assert len(full) == 1
+        # The CI profile spanning the whole GI (all its slices and SMs; the variant when two do) is the
+        # size's own profile, or on a 1g double-memory GI the SKU's REV2 default.
+        full = [c for c in ci_profiles(sku, r) if c.slices == r.compute_slices and c.sms == r.sms]
+        assert full, r.name
+        wanted = sku.rev2_full_ci_profile if r.enum_index == 9 else CI_ENUM_BY_SLICES[r.compute_slices]
+        assert max(c.profile_id for c in full) == wanted, r.name
 
 
 def test_sku_identities() -> None:
@@ -106,5 +110,46 @@ def test_ci_profiles_follow_size_heuristic() -> None:
     seven = SKUS["A100-40GB"].profile_by_id(0)
     four = SKUS["A100-40GB"].profile_by_id(5)
     assert seven is not None and four is not None
-    assert [(c.slices, c.profile_id) for c in ci_profiles(seven)] == [(1, 0), (2, 1), (3, 2), (4, 3), (7, 4)]
-    assert [c.slices for c in ci_profiles(four)] == [1, 2, 4]
+    a100 = SKUS["A100-40GB"]
+    assert [(c.slices, c.profile_id) for c in ci_profiles(a100, seven)] == [
+        (1, 0),
+        (2, 1),
+        (3, 2),
+        (4, 3),
+        (7, 4),
+    ]
+    assert [c.slices for c in ci_profiles(a100, four)] == [1, 2, 4]
+    # The A100's 1g.10gb has one 1-slice CI profile: the plain one.
+    double = a100.profile_by_id(15)
+    assert double is not None
+    assert [(c.profile_id, c.sms) for c in ci_profiles(a100, double)] == [(0, 14)]
+
+
+@pytest.mark.parametrize(("key", "gi_sms", "plain_sms"), [("H100-80GB", 26, 16), ("H100-96GB", 26, 16)])
+def test_hopper_double_memory_1g_reports_ci_profile_7_as_full(key: str, gi_sms: int, plain_sms: int) -> None:
+    """1g.20gb (H100) / 1g.24gb (GH200): CI profile 7 spans the GI; profile 0 is an ordinary 1g slice."""
+    sku = SKUS[key]
+    double = sku.profile_by_id(15)
+    assert double is not None and double.sms == gi_sms
+    assert [(c.profile_id, c.slices, c.sms) for c in ci_profiles(sku, double)] == [
+        (0, 1, plain_sms),
+        (7, 1, gi_sms),
+    ]
+
+
+def _facts(key: str, name: str) -> tuple[float, int, int, int, int]:
+    row = next(r for r in SKUS[key].profiles if r.name == name)
+    return (row.memory_mib / 1024, row.sms, row.ce, row.dec, row.jpeg)
+
+
+def test_corrections_from_public_captures() -> None:
+    """The values the -lgip audit corrected (docs/hardware.md)."""
+    pcie = [r.sms for r in SKUS["H100-PCIE-80GB"].profiles]
+    assert pcie == [14, 14, 14, 30, 46, 62, 114]
+    assert [r.sms for r in SKUS["H100-80GB"].profiles] == [16, 16, 26, 32, 60, 64, 132]
+    gh200 = {r.name: r.memory_mib / 1024 for r in SKUS["H100-96GB"].profiles}
+    assert (gh200["1g.24gb"], gh200["2g.24gb"], gh200["3g.48gb"], gh200["4g.48gb"]) == (23, 23, 46.5, 46.5)
+    assert gh200["7g.96gb"] == 93
+    assert _facts("A100-80GB", "1g.10gb")[0] == 9.5 and _facts("A100-80GB", "7g.80gb")[0] == 79
+    assert _facts("A30-24GB", "1g.6gb")[3] == 1
+    assert _facts("B200-180GB", "2g.45gb")[3:] == (2, 2)
