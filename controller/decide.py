@@ -23,6 +23,7 @@ from api.constants import DRIVER_NAME
 from controller.constraints import Plan, Slot
 from controller.inventory import PublishedDevice
 from controller.ledger import Held, Ledger, ShareUse
+from controller.nomatch import largest_mig_device
 from controller.requests import (
     Alternative,
     CandidateIndex,
@@ -178,7 +179,9 @@ class Decider:
             try:
                 hit = classify(self.index, alt, where)
             except RequestError as exc:
-                hit = Decision(reason=ControllerReason.INVALID_REQUEST, message=str(exc))
+                # A selector that does not compile says nothing of where it is written: name the request.
+                text = str(exc) if str(exc).startswith(where) else f"{where}: {exc}"
+                hit = Decision(reason=ControllerReason.INVALID_REQUEST, message=text)
             self._classified[key] = hit
         return hit
 
@@ -305,6 +308,9 @@ class Decider:
     def _no_match(self, req: ClaimRequest, alt: Alternative, cands: Candidates) -> Decision:
         what = f"claim {req.claim} request {alt.result_name} (class {alt.class_name})"
         msg = f"{what}: no published MIG, whole-GPU or shared device matches its selectors"
+        largest = largest_mig_device(self.ledger.inventory)
+        if largest:
+            msg += f"; {largest}"
         if cands.errors:
             msg += "; " + "; ".join(cands.errors)
         return Decision(reason=ControllerReason.NO_MATCHING_DEVICE, message=msg)

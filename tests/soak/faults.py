@@ -1,0 +1,230 @@
+"""The fault matrix: each fault runs while the churn goes on and returns whether it hit its target.
+
+| kind | what happens |
+|---|---|
+| apiserver-restart | kube-apiserver stopped for `down_s`, then started again |
+| etcd-compaction | etcd compacted to its current revision, kube-apiserver restarted at once: every watch
+  resumes from a compacted revision; a watch from the old revision must get 410 Gone |
+| controller-crash-between-claim-writes | the leader is restarted armed (controller/crashpoints.py) and
+  SIGKILLs itself after writing a claim's finalizer, before writing its allocation |
+| controller-crash-before-gate-removal | the same, after the allocation, before the pod's gate goes |
+| leader-handover | the leading replica is SIGKILLed during a burst; the other must take over |
+| plugin-crash-mid-prepare | a MIG node's plugin restarted armed at `after-ci-create`, SIGKILLed there |
+| plugin-crash-mid-unprepare | armed at `mid-destroy`, a running MIG pod deleted, SIGKILLed there |
+| kubelet-restart | a node's kubelet stand-in restarted (it wipes the slices and re-registers the plugin) |
+| webhook-unreachable | the webhook's address refuses connections for `down_s`; pods created then must be refused |
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kubernetes.client.exceptions import ApiException
+
+from controller.rest import request
+from tests.e2e.scenario import SimNode
+
+from .cluster import SoakCluster, wait_for
+from .workload import Churn, PodKind
+
+
+class Fault(enum.StrEnum):
+    APISERVER_RESTART = "apiserver-restart"
+    ETCD_COMPACTION = "etcd-compaction"
+    CTRL_CRASH_CLAIM_WRITES = "controller-crash-between-claim-writes"
+    CTRL_CRASH_GATE = "controller-crash-before-gate-removal"
+    LEADER_HANDOVER = "leader-handover"
+    PLUGIN_CRASH_PREPARE = "plugin-crash-mid-prepare"
+    PLUGIN_CRASH_UNPREPARE = "plugin-crash-mid-unprepare"
+    KUBELET_RESTART = "kubelet-restart"
+    WEBHOOK_UNREACHABLE = "webhook-unreachable"
+
+
+@dataclass(frozen=True)
+class FaultResult:
+    fault: Fault
+    reached: bool  # the fault hit its target (e.g. the crashpoint fired)
+    detail: str
+    seconds: float
+
+
+@dataclass
+class FaultContext:
+    cluster: SoakCluster
+    churn: Churn
+    rng: random.Random
+    down_s: float  # how long the API server / webhook stay away
+    takeover_s: float = 90.0  # a lease (15 s) + renew, with room for a loaded machine
+
+
+def run_fault(fault: Fault, ctx: FaultContext) -> FaultResult:
+    t0 = time.monotonic()
+    reached, detail = _FAULTS[fault](ctx)
+    return FaultResult(fault, reached, detail, time.monotonic() - t0)
+
+
+def _apiserver_restart(ctx: FaultContext) -> tuple[bool, str]:
+    ctx.cluster.stop_apiserver()
+    time.sleep(ctx.down_s)
+    ctx.cluster.start_apiserver()
+    return True, f"down {ctx.down_s:.0f}s"
+
+
+def _etcd_compaction(ctx: FaultContext) -> tuple[bool, str]:
+    c = ctx.cluster
+    old_rv = request(c.api, "GET", "/apis/resource.k8s.io/v1/resourceclaims", query=[("limit", "1")])[
+        "metadata"
+    ]["resourceVersion"]
+    time.sleep(2)  # let some writes happen after old_rv
+    rev = c.etcd_compact()
+    c.stop_apiserver()  # watches re-established against a compacted store
+    time.sleep(1)
+    c.start_apiserver()
+    gone = _watch_status(ctx, old_rv)
+    return gone == 410, f"compacted at revision {rev}; a watch from resourceVersion {old_rv} got {gone}"
+
+
+def _watch_status(ctx: FaultContext, rv: str) -> int | None:
+    """The status of a claims watch from `rv`: 410 when its history is compacted away."""
+    query = [("watch", "1"), ("resourceVersion", rv), ("timeoutSeconds", "2")]
+    try:
+        resp = ctx.cluster.api.call_api(
+            "/apis/resource.k8s.io/v1/resourceclaims", "GET", query_params=query, auth_settings=["BearerToken"],
+            _preload_content=False, _request_timeout=10,
+        )  # fmt: skip
+        body = resp[0].data.decode()
+    except ApiException as exc:
+        return int(exc.status)
+    except Exception:  # the API server may still be coming back: no answer
+        return None
+    for line in body.splitlines():
+        event = json.loads(line) if line.strip() else {}
+        if event.get("type") == "ERROR":
+            return int((event.get("object") or {}).get("code") or 0)
+    return 200
+
+
+def _controller_crash(point: str) -> Callable[[FaultContext], tuple[bool, str]]:
+    """The leader restarted in place (same identity, so it takes its own Lease back at once) armed at
+    `point`; it SIGKILLs itself there on the next allocation and is started again unarmed."""
+
+    def run(ctx: FaultContext) -> tuple[bool, str]:
+        c = ctx.cluster
+        leader = c.leader() or "a"
+        c.kill_replica(leader)
+        rep = c.start_replica(leader, crashpoints=point)
+        for _ in range(3):  # something to allocate, so the armed step is reached
+            ctx.churn.create(PodKind.HAMI)
+        assert rep.proc is not None
+        proc = rep.proc
+        died = wait_for(lambda: proc.proc.poll() is not None, 120)
+        fired = died and "controller crashpoint reached" in proc.log_text()
+        code = c.kill_replica(leader)
+        c.start_replica(leader)
+        wait_for(lambda: c.leader() is not None, ctx.takeover_s)
+        return fired, f"{leader} armed, exit code {code}, leader now {c.leader()}"
+
+    return run
+
+
+def _leader_handover(ctx: FaultContext) -> tuple[bool, str]:
+    c = ctx.cluster
+    leader = c.leader()
+    if leader is None:
+        return False, f"no single leader to kill (leading: {c.leaders()})"
+    ctx.churn.burst(ctx.rng.randint(8, 12))
+    t0 = time.monotonic()
+    c.kill_replica(leader)
+    other = next(n for n in c.replicas if n != leader)
+    took = wait_for(lambda: c.leader() == other, ctx.takeover_s)
+    c.start_replica(leader)
+    return (
+        took,
+        f"killed {leader}; {other} leads after {time.monotonic() - t0:.1f}s" if took else "no takeover",
+    )
+
+
+def _mig_node(ctx: FaultContext) -> SimNode:
+    return ctx.rng.choice([n for n in ctx.cluster.nodes.values() if n.spec.mode == "mig"])
+
+
+def _plugin_crash(ctx: FaultContext, point: str, trigger: Callable[[SimNode], None]) -> tuple[bool, str]:
+    c, node = ctx.cluster, _mig_node(ctx)
+    c.restart_plugin(node, crashpoints=point)
+    trigger(node)
+    fired = wait_for(node.nd.marker.exists, 120)
+    c.restart_plugin(node, kill=True)
+    return fired, f"{node.name}: {point} {'reached, SIGKILLed there' if fired else 'not reached in 120s'}"
+
+
+def _prepare_trigger(ctx: FaultContext) -> Callable[[SimNode], None]:
+    def trigger(node: SimNode) -> None:
+        ctx.churn.create(PodKind.HAMI, node=node.name)
+        ctx.churn.create(PodKind.CLAIM, node=node.name)
+
+    return trigger
+
+
+def _unprepare_trigger(ctx: FaultContext) -> Callable[[SimNode], None]:
+    def trigger(node: SimNode) -> None:
+        # A running pod on the node whose claim has a MIG instance; make one if there is none.
+        def victim() -> str | None:
+            pods = request(ctx.cluster.api, "GET", f"/api/v1/namespaces/{ctx.churn.ns}/pods")["items"]
+            for p in pods:
+                on_node = p["spec"].get("nodeName") == node.name
+                running = (p.get("status") or {}).get("phase") == "Running"
+                if on_node and running and node.instances() and p["metadata"]["name"] in ctx.churn.live:
+                    return str(p["metadata"]["name"])
+            return None
+
+        if victim() is None:
+            ctx.churn.create(PodKind.HAMI, node=node.name)
+            ctx.churn.create(PodKind.CLAIM, node=node.name)
+        deadline = time.monotonic() + 90
+        while (name := victim()) is None and time.monotonic() < deadline:
+            time.sleep(1)
+        if name is not None:
+            ctx.churn.delete(name)
+
+    return trigger
+
+
+def _kubelet_restart(ctx: FaultContext) -> tuple[bool, str]:
+    node = ctx.rng.choice(list(ctx.cluster.nodes.values()))
+    ctx.cluster.restart_standin(node)
+    return True, f"restarted the stand-in of {node.name}"
+
+
+def _webhook_unreachable(ctx: FaultContext) -> tuple[bool, str]:
+    c = ctx.cluster
+    c.forwarder.pause()
+    refused = admitted = 0
+    deadline = time.monotonic() + ctx.down_s
+    try:
+        while time.monotonic() < deadline:
+            before = ctx.churn.stats.refused
+            name = ctx.churn.create(ctx.rng.choice((PodKind.HAMI, PodKind.CLAIM, PodKind.TEMPLATE)))
+            refused += ctx.churn.stats.refused - before
+            admitted += name is not None  # the invariants judge what an admitted pod looks like
+            time.sleep(1.0)
+    finally:
+        c.forwarder.resume()
+    return refused > 0 and admitted == 0, f"{refused} pods refused, {admitted} admitted while unreachable"
+
+
+_FAULTS: dict[Fault, Callable[[FaultContext], tuple[bool, str]]] = {
+    Fault.APISERVER_RESTART: _apiserver_restart,
+    Fault.ETCD_COMPACTION: _etcd_compaction,
+    Fault.CTRL_CRASH_CLAIM_WRITES: _controller_crash("before-allocation-write"),
+    Fault.CTRL_CRASH_GATE: _controller_crash("before-gate-removal"),
+    Fault.LEADER_HANDOVER: _leader_handover,
+    Fault.PLUGIN_CRASH_PREPARE: lambda ctx: _plugin_crash(ctx, "after-ci-create", _prepare_trigger(ctx)),
+    Fault.PLUGIN_CRASH_UNPREPARE: lambda ctx: _plugin_crash(ctx, "mid-destroy", _unprepare_trigger(ctx)),
+    Fault.KUBELET_RESTART: _kubelet_restart,
+    Fault.WEBHOOK_UNREACHABLE: _webhook_unreachable,
+}
