@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from .cluster import ControlPlane, ControlPlaneError, build_binaries
+from .realnode.build import NodeBuildError, build_node_binaries
 
 E2E_DIR = Path(__file__).resolve().parent
 
@@ -64,6 +65,28 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         reporter.write_line(
             f"[e2e] binaries: {_build.get('bin_dir', 'BUILD FAILED')} ({time.monotonic() - start:.0f}s)"
         )
+    # The real-node tests (kubelet, containerd, runc, CDI validator): built once, also before any test.
+    if any(Path(str(item.path)).name.startswith("test_realnode") for item in e2e_items):
+        start = time.monotonic()
+        try:
+            _build["node_bin_dir"] = build_node_binaries()
+        except (NodeBuildError, OSError, subprocess.SubprocessError) as exc:
+            _build["node_error"] = str(exc)
+        if reporter is not None:
+            where = _build.get("node_bin_dir", "BUILD FAILED")
+            reporter.write_line(f"[e2e] node binaries: {where} ({time.monotonic() - start:.0f}s)")
+
+
+@pytest.fixture(scope="session")
+def node_bin_dir() -> Path:
+    """kubelet, containerd, ctr, containerd-shim-runc-v2, runc, cdivalidate, busybox (k8sbuild/node)."""
+    if "node_error" in _build:
+        pytest.fail(f"building the node binaries failed:\n{_build['node_error']}", pytrace=False)
+    if "node_bin_dir" not in _build:
+        _build["node_bin_dir"] = build_node_binaries()
+    bin_dir = _build["node_bin_dir"]
+    assert isinstance(bin_dir, Path)
+    return bin_dir
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ from driver import cdi
 from driver.cdi import (
     PreparedGpu,
     PreparedMig,
+    SpecHost,
     build_claim_spec,
     mig_cap_minor,
     parse_mig_minors,
@@ -20,6 +21,7 @@ from driver.cdi import (
     remove_spec,
     write_spec_atomically,
 )
+from driver.cdi_host import DeviceTable, discover_driver_files, parse_proc_devices
 
 UID = "0f1e2d3c-4b5a-4978-8695-a4b3c2d1e0f9"
 GPU_UUID = "GPU-11111111-2222-3333-4444-555555555555"
@@ -56,32 +58,95 @@ def test_bad_device_name() -> None:
         qualified_device_id(UID, "GPU_0")
 
 
-def test_mig_spec_content_with_minors_table() -> None:
-    spec = build_claim_spec(UID, [MIG, WHOLE], parse_mig_minors(MINORS_FILE))
+def _fake_dev_root(root: Path, names: list[str]) -> Path:
+    """Stand-in host nodes: symlinks to /dev/null (a char device 1:3), so no mknod (root) is needed."""
+    for name in names:
+        node = root / "dev" / name
+        node.parent.mkdir(parents=True, exist_ok=True)
+        node.symlink_to("/dev/null")
+    return root
+
+
+def _table(tmp_path: Path, **majors: int) -> DeviceTable:
+    return DeviceTable(tmp_path / "devroot", {k.replace("_", "-"): v for k, v in majors.items()})
+
+
+def test_mig_spec_content_with_minors_table(tmp_path: Path) -> None:
+    table = _table(tmp_path, nvidia_uvm=511, nvidia_caps=237)
+    spec = build_claim_spec(UID, [MIG, WHOLE], parse_mig_minors(MINORS_FILE), host=SpecHost(table))
     assert spec["cdiVersion"] == "0.6.0" and spec["kind"] == "gpu.flexmig.dev/mig"
     mig, whole = spec["devices"]
     assert mig["name"] == f"{UID}-gpu-2-mig-1g5gb-19-3"
     # Both devices name every UUID of the claim: a runtime keeps only one value per env var.
     assert mig["containerEdits"]["env"] == [f"NVIDIA_VISIBLE_DEVICES={MIG_UUID},{GPU_UUID}"]
-    assert [n["path"] for n in mig["containerEdits"]["deviceNodes"]] == [
-        "/dev/nvidia2",
-        "/dev/nvidiactl",
-        "/dev/nvidia-uvm",
-        "/dev/nvidia-uvm-tools",
-        "/dev/nvidia-caps/nvidia-cap999",
-        "/dev/nvidia-caps/nvidia-cap1000",
-    ]
+    root = tmp_path / "devroot"
+    # Complete entries: the runtime creates each node from type/major/minor without a host node.
+    assert mig["containerEdits"]["deviceNodes"] == [
+        {"path": "/dev/nvidia2", "hostPath": f"{root}/dev/nvidia2", "type": "c", "major": 195, "minor": 2,
+         "fileMode": 0o666},
+        {"path": "/dev/nvidia-caps/nvidia-cap999", "hostPath": f"{root}/dev/nvidia-caps/nvidia-cap999",
+         "type": "c", "major": 237, "minor": 999, "fileMode": 0o444},
+        {"path": "/dev/nvidia-caps/nvidia-cap1000", "hostPath": f"{root}/dev/nvidia-caps/nvidia-cap1000",
+         "type": "c", "major": 237, "minor": 1000, "fileMode": 0o444},
+    ]  # fmt: skip
     assert whole["containerEdits"]["env"] == [f"NVIDIA_VISIBLE_DEVICES={MIG_UUID},{GPU_UUID}"]
-    assert whole["containerEdits"]["deviceNodes"][0] == {"path": "/dev/nvidia0"}
-    assert len(whole["containerEdits"]["deviceNodes"]) == 4
-    assert "containerEdits" not in spec
+    assert [(n["path"], n["major"], n["minor"]) for n in whole["containerEdits"]["deviceNodes"]] == [
+        ("/dev/nvidia0", 195, 0)
+    ]
+    # Once per claim: control and UVM nodes.
+    common = spec["containerEdits"]["deviceNodes"]
+    assert [(n["path"], n["type"], n["major"], n["minor"]) for n in common] == [
+        ("/dev/nvidiactl", "c", 195, 255),
+        ("/dev/nvidia-uvm", "c", 511, 0),
+        ("/dev/nvidia-uvm-tools", "c", 511, 1),
+    ]
 
 
-def test_mig_spec_without_table_uses_kernel_formula() -> None:
-    spec = build_claim_spec(UID, [MIG])
+def test_existing_host_nodes_win_over_registered_numbers(tmp_path: Path) -> None:
+    root = _fake_dev_root(tmp_path / "devroot", ["nvidia0", "nvidiactl", "nvidia-caps/nvidia-cap282"])
+    spec = build_claim_spec(UID, [WHOLE], host=SpecHost(DeviceTable(root)))
+    null = os.stat("/dev/null").st_rdev
+    node = spec["devices"][0]["containerEdits"]["deviceNodes"][0]
+    assert (node["major"], node["minor"], node["hostPath"]) == (
+        os.major(null),
+        os.minor(null),
+        f"{root}/dev/nvidia0",
+    )
+    # No nvidia-uvm registered and no host node: left out (the toolkit's generator does the same).
+    assert [n["path"] for n in spec["containerEdits"]["deviceNodes"]] == ["/dev/nvidiactl"]
+
+
+def test_host_path_that_is_not_a_device_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "nvidia0").write_text("")
+    with pytest.raises(ValueError, match="not a character device"):
+        build_claim_spec(UID, [WHOLE], host=SpecHost(DeviceTable(tmp_path)))
+
+
+def test_mig_spec_without_table_uses_kernel_formula(tmp_path: Path) -> None:
+    spec = build_claim_spec(UID, [MIG], host=SpecHost(_table(tmp_path, nvidia_caps=237)))
     paths = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
     # gpu2/gi1: 3 + 2*135 + 1*9 = 282; its ci0 is the next minor.
     assert paths[-2:] == ["/dev/nvidia-caps/nvidia-cap282", "/dev/nvidia-caps/nvidia-cap283"]
+
+
+def test_mig_without_nvidia_caps_fails_on_a_real_gpu_and_is_left_out_in_simulation(tmp_path: Path) -> None:
+    strict = DeviceTable(tmp_path, {}, strict=True)
+    with pytest.raises(ValueError, match="nvidia-caps is not registered"):
+        build_claim_spec(UID, [MIG], host=SpecHost(strict))
+    spec = build_claim_spec(UID, [MIG], host=SpecHost(DeviceTable(tmp_path, {})))
+    assert [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]] == ["/dev/nvidia2"]
+
+
+def test_parse_proc_devices_reads_only_character_majors() -> None:
+    text = "Character devices:\n  1 mem\n195 nvidia-frontend\n237 nvidia-caps\n511 nvidia-uvm\n\n"
+    text += "Block devices:\n  8 sd\n237 nvidia-caps-fake-block\n"
+    assert parse_proc_devices(text) == {
+        "mem": 1,
+        "nvidia-frontend": 195,
+        "nvidia-caps": 237,
+        "nvidia-uvm": 511,
+    }
 
 
 def test_table_without_entry_is_an_error() -> None:
@@ -178,3 +243,86 @@ def test_failed_write_keeps_old_spec_and_cleans_temp(tmp_path: Path, monkeypatch
 def test_driver_does_not_import_kubernetes() -> None:
     source = Path(cdi.__file__).read_text()
     assert "kubernetes" not in source.split('"""', 2)[2] and "grpc" not in source
+
+
+# --- driver files ----------------------------------------------------------------------------------
+
+DRIVER_VERSION = "550.54.15"
+
+
+def fake_driver_root(root: Path, libdir: str = "/usr/lib/x86_64-linux-gnu") -> Path:
+    """A driver root as the NVIDIA installer leaves it: empty versioned libraries, soname links, tools."""
+    lib = root / libdir.lstrip("/")
+    lib.mkdir(parents=True)
+    for stem in ("libcuda", "libnvidia-ml", "libnvidia-ptxjitcompiler", "libnvidia-nvvm"):
+        (lib / f"{stem}.so.{DRIVER_VERSION}").write_bytes(b"")
+        (lib / f"{stem}.so.1").symlink_to(f"{stem}.so.{DRIVER_VERSION}")
+    (lib / "libcuda.so.535.1.1").write_bytes(b"")  # a leftover of an older driver: the newest wins
+    (lib / "libunrelated.so.1.2").write_bytes(b"")
+    bindir = root / "usr" / "bin"
+    bindir.mkdir(parents=True)
+    for name in ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced"):
+        (bindir / name).write_bytes(b"")
+    return root
+
+
+def _hook(tmp_path: Path) -> str:
+    hook = tmp_path / "nvidia-cdi-hook"
+    hook.write_text("#!/bin/sh\nexit 0\n")
+    hook.chmod(0o755)
+    return str(hook)
+
+
+def test_driver_files_are_found_and_mounted_read_only(tmp_path: Path) -> None:
+    root = fake_driver_root(tmp_path / "driver")
+    files = discover_driver_files(root, _hook(tmp_path))
+    assert files.missing_required == () and files.hook is not None
+    spec = build_claim_spec(UID, [MIG], host=SpecHost(_table(tmp_path, nvidia_caps=237), files))
+    mounts = {m["containerPath"]: m for m in spec["containerEdits"]["mounts"]}
+    lib = "/usr/lib/x86_64-linux-gnu"
+    expected = [f"{lib}/{s}.so.{v}" for s in ("libcuda", "libnvidia-ml", "libnvidia-ptxjitcompiler",
+                                              "libnvidia-nvvm") for v in (DRIVER_VERSION, "1")]  # fmt: skip
+    expected += [f"/usr/bin/{n}" for n in ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced")]
+    assert sorted(mounts) == sorted(expected)
+    for path, m in mounts.items():
+        assert m["hostPath"] == f"{root}{path}" and Path(m["hostPath"]).exists()
+        assert m["options"] == ["ro", "nosuid", "nodev", "bind"]
+    assert f"{lib}/libcuda.so.535.1.1" not in mounts
+
+
+def test_hooks_update_ldcache_and_create_dev_symlinks(tmp_path: Path) -> None:
+    hook = _hook(tmp_path)
+    files = discover_driver_files(fake_driver_root(tmp_path / "driver"), hook)
+    spec = build_claim_spec(UID, [WHOLE], host=SpecHost(_table(tmp_path), files))
+    hooks = spec["containerEdits"]["hooks"]
+    assert [h["hookName"] for h in hooks] == ["createContainer", "createContainer"]
+    assert all(h["path"] == hook for h in hooks)
+    links, ldcache = hooks[0]["args"], hooks[1]["args"]
+    assert links[:2] == ["nvidia-cdi-hook", "create-symlinks"]
+    assert "libcuda.so.1::/usr/lib/x86_64-linux-gnu/libcuda.so" in links
+    assert ldcache == ["nvidia-cdi-hook", "update-ldcache", "--folder", "/usr/lib/x86_64-linux-gnu"]
+
+
+def test_without_the_hook_no_hooks_and_a_warning(tmp_path: Path) -> None:
+    files = discover_driver_files(fake_driver_root(tmp_path / "driver"), str(tmp_path / "absent-hook"))
+    assert files.hook is None and any("nvidia-cdi-hook not found" in w for w in files.warnings)
+    spec = build_claim_spec(UID, [WHOLE], host=SpecHost(_table(tmp_path), files))
+    assert "hooks" not in spec["containerEdits"] and spec["containerEdits"]["mounts"]
+
+
+def test_ld_so_conf_directories_are_searched_first(tmp_path: Path) -> None:
+    root = fake_driver_root(tmp_path / "driver", libdir="/opt/nvidia/lib")
+    (root / "etc" / "ld.so.conf.d").mkdir(parents=True)
+    (root / "etc" / "ld.so.conf.d" / "nvidia.conf").write_text("# driver\n/opt/nvidia/lib\n")
+    files = discover_driver_files(root, "")
+    assert files.library_dirs == ("/opt/nvidia/lib",)
+    assert (
+        f"{root}/opt/nvidia/lib/libcuda.so.{DRIVER_VERSION}",
+        f"/opt/nvidia/lib/libcuda.so.{DRIVER_VERSION}",
+    ) in (files.mounts)
+
+
+def test_missing_required_libraries_are_reported(tmp_path: Path) -> None:
+    files = discover_driver_files(tmp_path, "")
+    assert files.missing_required == ("libcuda", "libnvidia-ml") and files.mounts == ()
+    assert any("libcuda" in w and "--driver-root" in w for w in files.warnings)

@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# Builds the node parts the real-node e2e tests run, from their Go modules (no prebuilt downloads):
+#   kubelet                     k8s.io/kubernetes (K8S_VERSION in ../versions.env; the control plane's
+#                               module, ../kubernetes/go.mod, built from a copy with -mod=mod)
+#   containerd, ctr,            github.com/containerd/containerd/v2 (containerd/go.mod here)
+#   containerd-shim-runc-v2
+#   runc                        github.com/opencontainers/runc with seccomp (runc/go.mod here): without
+#                               seccomp every pod sandbox fails ("config provided but seccomp not
+#                               supported"). Needs cgo and libseccomp-dev + pkg-config; when they are
+#                               missing and we are root, they are installed with apt-get.
+#   cdivalidate                 our CDI validator (cdivalidate/main.go) on the CDI reference library
+#   busybox                     copied from Debian's busybox-static (installed with apt-get when missing):
+#                               the only program in the test images (tests/e2e/realnode/images.py)
+#
+# Cached beside the control plane, under its own key so the control-plane cache stays valid:
+#   ${FLEXMIG_K8S_CACHE:-$HOME/.cache/flexmig/k8s}/node-<versions>-<hash of our validator>/bin/
+# Built into a temporary directory renamed into place only when everything is built, so a second run is
+# instant and an interrupted run leaves no half-filled cache. On success the last line printed is the
+# bin directory.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=../versions.env
+source "$here/../versions.env"
+# shellcheck source=versions.env
+source "$here/versions.env"
+if [[ -n "${E2E_GOTOOLCHAIN:-}" ]]; then export GOTOOLCHAIN="$E2E_GOTOOLCHAIN"; fi
+
+cache_root="${FLEXMIG_K8S_CACHE:-$HOME/.cache/flexmig/k8s}"
+# Our own Go code is part of the key: a changed validator is rebuilt.
+src_hash="$(cat "$here/cdivalidate/main.go" "$here/cdivalidate/go.mod" "$here/cdivalidate/go.sum" | sha256sum | cut -c1-12)"
+key="node-${K8S_VERSION}-containerd-${CONTAINERD_VERSION}-runc-${RUNC_VERSION}-cdi-${CDI_LIB_VERSION}-${src_hash}"
+final="$cache_root/$key"
+binaries=(kubelet containerd ctr containerd-shim-runc-v2 runc cdivalidate busybox)
+
+log() { printf '[nodebuild %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+complete() {
+  local b
+  for b in "${binaries[@]}"; do [[ -x "$final/bin/$b" ]] || return 1; done
+}
+
+if complete; then
+  log "cached: $final/bin"
+  echo "$final/bin"
+  exit 0
+fi
+
+command -v go >/dev/null || { log "go toolchain not found in PATH"; exit 1; }
+
+check_pin() { # file, module, version
+  grep -Eq "^[[:space:]]*(require )?${2//./\\.} ${3//./\\.}( |$)" "$1" \
+    || { log "$1 does not pin $2 $3; run the gen-gomod.sh beside it"; exit 1; }
+}
+check_pin "$here/../kubernetes/go.mod" k8s.io/kubernetes "$K8S_VERSION"
+check_pin "$here/containerd/go.mod" github.com/containerd/containerd/v2 "$CONTAINERD_VERSION"
+check_pin "$here/runc/go.mod" github.com/opencontainers/runc "$RUNC_VERSION"
+check_pin "$here/cdivalidate/go.mod" tags.cncf.io/container-device-interface "$CDI_LIB_VERSION"
+
+# runc's seccomp support links libseccomp through cgo.
+if ! { command -v cc >/dev/null && command -v pkg-config >/dev/null && pkg-config --exists libseccomp; }; then
+  if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
+    log "installing libseccomp-dev pkg-config gcc libc6-dev (needed for runc with seccomp)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >&2
+    apt-get install -y -qq --no-install-recommends libseccomp-dev pkg-config gcc libc6-dev >&2
+  fi
+  pkg-config --exists libseccomp && command -v cc >/dev/null \
+    || { log "runc needs a C compiler, pkg-config and libseccomp-dev; install them (apt-get install libseccomp-dev pkg-config gcc)"; exit 1; }
+fi
+
+mkdir -p "$cache_root"
+work="$(mktemp -d "$cache_root/.build-${key}.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+chmod 755 "$work"
+mkdir -p "$work/bin" "$work/src"
+
+export GOFLAGS=-mod=mod
+log "go: $(go version); GOMAXPROCS=${GOMAXPROCS:-default}; cache=$final"
+
+total_start=$SECONDS
+build() { # name, module dir (absolute), package, cgo (0/1), tags, extra ldflags
+  local name="$1" dir="$2" pkg="$3" cgo="$4" tags="$5" extra="${6:-}" start=$SECONDS
+  local src="$work/src/$(basename "$dir")"
+  # Build from a copy so that -mod=mod can never rewrite the committed go.mod/go.sum.
+  if [[ ! -d "$src" ]]; then
+    mkdir -p "$src" && cp "$dir"/go.mod "$dir"/go.sum "$src/"
+    if compgen -G "$dir/*.go" >/dev/null; then cp "$dir"/*.go "$src/"; fi
+  fi
+  log "building $name ($pkg) ..."
+  (cd "$src" && CGO_ENABLED="$cgo" go build -trimpath -tags "$tags" -ldflags "-s -w $extra" -o "$work/bin/$name" "$pkg")
+  log "built $name in $((SECONDS - start))s ($(du -h "$work/bin/$name" | cut -f1))"
+}
+
+k8s_minor="${K8S_VERSION#v1.}"; k8s_minor="${k8s_minor%%.*}"
+now="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+k8s_ld=""
+for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  k8s_ld+=" -X $p.gitVersion=${K8S_VERSION} -X $p.gitMajor=1 -X $p.gitMinor=${k8s_minor}"
+  k8s_ld+=" -X $p.gitTreeState=clean -X $p.buildDate=${now}"
+done
+ctrd_ld="-X github.com/containerd/containerd/v2/version.Version=${CONTAINERD_VERSION}"
+ctrd_tags="no_btrfs no_devmapper no_zfs"
+
+build cdivalidate "$here/cdivalidate" . 0 ""
+build runc "$here/runc" github.com/opencontainers/runc 1 seccomp "-X main.version=${RUNC_VERSION#v}"
+for b in containerd ctr containerd-shim-runc-v2; do
+  build "$b" "$here/containerd" "github.com/containerd/containerd/v2/cmd/$b" 0 "$ctrd_tags" "$ctrd_ld"
+done
+build kubelet "$here/../kubernetes" k8s.io/kubernetes/cmd/kubelet 0 "" "$k8s_ld"
+"$work/bin/runc" --version | grep -q '^libseccomp:' \
+  || { log "runc was built without seccomp support"; exit 1; }
+
+# A static busybox for the test images: Debian's busybox-static puts it at /bin/busybox.
+is_static() { [[ -x "$1" ]] && ! ldd "$1" >/dev/null 2>&1; }
+if ! is_static /bin/busybox && [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
+  log "installing busybox-static (the test images' only program)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >&2 && apt-get install -y -qq --no-install-recommends busybox-static >&2
+fi
+is_static /bin/busybox || { log "need a static /bin/busybox: apt-get install busybox-static"; exit 1; }
+cp /bin/busybox "$work/bin/busybox"
+
+rm -rf "$work/src"
+printf 'k8s=%s containerd=%s runc=%s cdi=%s go=%s built=%s\n' "$K8S_VERSION" "$CONTAINERD_VERSION" \
+  "$RUNC_VERSION" "$CDI_LIB_VERSION" "$(go env GOVERSION)" "$now" > "$work/VERSIONS"
+# Atomic publish: another concurrent build may have won the race; then keep theirs.
+if ! mv -T "$work" "$final" 2>/dev/null; then
+  if complete; then log "another build published $final first; using it"; else
+    rm -rf "$final.stale.$$"; mv -T "$final" "$final.stale.$$" && mv -T "$work" "$final" && rm -rf "$final.stale.$$"
+  fi
+fi
+trap - EXIT
+rm -rf "$work"
+log "all node binaries built in $((SECONDS - total_start))s"
+echo "$final/bin"
