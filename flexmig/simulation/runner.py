@@ -52,6 +52,13 @@ class RunResult:
     fragmentation_samples: list[float] = field(default_factory=list)
     busy_gpu_samples: list[int] = field(default_factory=list)
     allocated_memory_samples: list[float] = field(default_factory=list)  # share of MIG memory in use
+    asked_by_size: Counter[int] = field(default_factory=Counter)  # pods per memory size (MiB)
+    refused_by_size: Counter[int] = field(default_factory=Counter)
+    timeline: list[tuple[float, float, float]] = field(
+        default_factory=list
+    )  # (time, acceptance, memory in use)
+    final_map: list[tuple[str, str, int, list[tuple[str, int, int]]]] = field(default_factory=list)
+    realized: bool = True  # False for the bound: nothing was created in NVML
     nvml_creates: int = 0
     nvml_destroys: int = 0
     leaked_instances: int = 0  # GPU instances NVML still reports after every pod left (must be 0)
@@ -142,6 +149,7 @@ def _run_events(
         placement = policy.place(cluster.state, requests)
         result.decision_seconds.append(time.perf_counter() - began)
         result.pods += 1
+        result.asked_by_size[pod.memory_mib] += 1
         if placement.ok:
             realized = [cluster.realize(c) for c in placement.choices]
             result.nvml_creates += len(realized)
@@ -151,9 +159,12 @@ def _run_events(
             result.accepted += 1
         else:
             result.rejected[str(placement.reason)] += 1
+            result.refused_by_size[pod.memory_mib] += 1
         _sample(cluster.state, result, total_mig_memory)
+        result.timeline.append((pod.arrival, result.acceptance, result.allocated_memory_samples[-1]))
         if progress is not None and (n % step == 0 or n == len(pods)):
             progress(f"[{policy.name}] {n}/{len(pods)} pods, {result.accepted} placed")
+    result.final_map = slice_map(cluster.state)
     # Let every pod leave, then ask NVML itself whether anything is left behind.
     for realized_list in running.values():
         for done in realized_list:
@@ -170,6 +181,19 @@ def _sample(state: ClusterState, result: RunResult, total_slices: int) -> None:
     result.allocated_memory_samples.append(used / total_slices)
     if busy:
         result.fragmentation_samples.append(sum(fragmentation(g.occupancy) for g in busy) / len(busy))
+
+
+def slice_map(state: ClusterState) -> list[tuple[str, str, int, list[tuple[str, int, int]]]]:
+    """Per GPU: its name, model, memory slices and the instances on it (profile, start, size)."""
+    return [
+        (
+            str(g.ref),
+            g.model,
+            g.catalog.memory_slices,
+            sorted((i.profile.name, i.placement.start, i.placement.size) for i in g.occupancy.instances),
+        )
+        for g in sorted(state.gpus(), key=lambda g: (g.ref.node, g.ref.gpu_index))
+    ]
 
 
 def stderr_progress(line: str) -> None:

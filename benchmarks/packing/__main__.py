@@ -1,0 +1,150 @@
+"""Packing benchmarks, one command: `python -m benchmarks.packing [--quick] [--out FILE]`.
+
+Online (per scenario and load): first fit, HAMi v2.10's heuristic, flexmig, and the repacking bound,
+all on the same seeded pod streams. Offline: GPUs used per order against the exact optimum (HiGHS).
+Scale: decision latency and peak RSS at 1,000 and 5,000 nodes x 8 GPUs. Prints Markdown tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+from driver.policy.allocator import FirstFitPolicy, PackingPolicy, Policy
+from driver.policy.hami import HamiPolicy
+
+from . import offline, online
+
+LOADS = (0.7, 0.9, 1.1)
+
+
+def _policies() -> list[Policy]:
+    return [FirstFitPolicy(), HamiPolicy(), PackingPolicy()]
+
+
+def online_tables(seeds: int, pods: int, scenarios: Sequence[online.Scenario], loads: Sequence[float]) -> str:
+    lines = [
+        "| scenario | load | policy | pod acceptance % | MiB-weighted acceptance % | refused % per request size (MiB) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for scenario in scenarios:
+        for load in loads:
+            totals: dict[str, online.Outcome] = {}
+            for seed in range(seeds):
+                stream = online.generate(scenario, load, pods, seed)
+                outcomes = [online.run_policy(p, scenario, stream) for p in _policies()]
+                outcomes.append(online.run_bound(scenario, stream))
+                for o in outcomes:
+                    totals.setdefault(o.policy, online.Outcome(o.policy)).add(o)
+            for name, o in totals.items():
+                sizes = sorted(o.asked_by_size)
+                refused = ", ".join(
+                    f"{s}: {100 * o.refused_by_size[s] / o.asked_by_size[s]:.0f}" for s in sizes
+                )
+                lines.append(
+                    f"| {scenario.name} | {100 * load:.0f} % | {name} | {100 * o.acceptance:.1f} | "
+                    f"{100 * o.weighted:.1f} | {refused} |"
+                )
+            print(f"  online: {scenario.name} at {100 * load:.0f} % done", file=sys.stderr, flush=True)
+    return "\n".join(lines)
+
+
+def offline_table(seeds: int, count: int) -> str:
+    lines = [
+        "| GPU | policy | " + " | ".join(f"{o} order" for o in offline.ORDERS) + " |",
+        "|---|---|---|---|---|",
+    ]
+    for label, key in offline.CASES:
+        catalog = offline.catalog_for(key)
+        ratios: dict[tuple[str, str], list[float]] = {}
+        for seed in range(seeds):
+            sizes = offline.requests_for(catalog, count, seed)
+            best = offline.optimum(catalog, sizes)
+            for order in offline.ORDERS:
+                seq = offline.ordered(sizes, order, seed)
+                for policy in _policies():
+                    used = offline.gpus_used(policy, catalog, seq, together=False)
+                    if used is not None:
+                        ratios.setdefault((policy.name, order), []).append(used / best)
+                used = offline.gpus_used(PackingPolicy(), catalog, seq, together=True)
+                if used is not None:
+                    ratios.setdefault(("flexmig, burst decided together", order), []).append(used / best)
+        for name in ("first-fit", "hami", "flexmig", "flexmig, burst decided together"):
+            cells = [f"{statistics.mean(ratios[(name, o)]):.3f}x" for o in offline.ORDERS]
+            lines.append(f"| {label} | {name} | " + " | ".join(cells) + " |")
+        print(f"  offline: {label} done", file=sys.stderr, flush=True)
+    return "\n".join(lines)
+
+
+def scale_table(sizes: Sequence[int], decisions: int) -> str:
+    lines = ["| nodes x 8 GPUs | decisions | p50 ms | p99 ms | peak RSS MB |", "|---|---|---|---|---|"]
+    for nodes in sizes:
+        out = subprocess.run(
+            [sys.executable, "-m", "benchmarks.packing.scale", str(nodes), str(decisions)],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        r = json.loads(out.strip().splitlines()[-1])
+        lines.append(f"| {nodes} | {decisions} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['rss_mb']:.0f} |")
+        print(f"  scale: {nodes} nodes done", file=sys.stderr, flush=True)
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.packing")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (for tests): 1 seed, few pods")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--pods", type=int, default=800, help="pods per online stream")
+    parser.add_argument("--offline-requests", type=int, default=40)
+    parser.add_argument("--scale-nodes", default="1000,5000")
+    parser.add_argument("--scale-decisions", type=int, default=300)
+    parser.add_argument("--skip", default="", help="comma-separated parts to skip: online,offline,scale")
+    parser.add_argument("--out", help="also write the Markdown here")
+    args = parser.parse_args(argv)
+    skip = {s for s in args.skip.split(",") if s}
+    unknown = skip - {"online", "offline", "scale"}
+    if unknown:
+        parser.error(f"--skip: unknown part(s) {sorted(unknown)}; allowed values: online, offline, scale")
+    scenarios: Sequence[online.Scenario] = online.SCENARIOS
+    loads: Sequence[float] = LOADS
+    if args.quick:
+        args.seeds, args.pods, args.offline_requests = 1, 60, 12
+        args.scale_nodes, args.scale_decisions = "20", 20
+        scenarios, loads = (online.SCENARIOS[0], online.SCENARIOS[-1]), (0.9,)
+    began = time.monotonic()
+    parts = [
+        f"Command: `python -m benchmarks.packing {' '.join(argv if argv is not None else sys.argv[1:])}`".rstrip()
+    ]
+    if "online" not in skip:
+        parts.append(
+            f"### Online ({args.seeds} seeds x {args.pods} pods, first 20 % skipped)\n\n"
+            + online_tables(args.seeds, args.pods, scenarios, loads)
+        )
+    if "offline" not in skip:
+        parts.append(
+            f"### Offline: GPUs used / optimum ({args.seeds} seeds x {args.offline_requests} requests)\n\n"
+            + offline_table(args.seeds, args.offline_requests)
+        )
+    if "scale" not in skip:
+        sizes = [int(n) for n in args.scale_nodes.split(",")]
+        parts.append(
+            "### Scale (flexmig policy, one pod per decision, cluster ~70 % full)\n\n"
+            + scale_table(sizes, args.scale_decisions)
+        )
+    parts.append(f"Wall time: {time.monotonic() - began:.0f} s")
+    text = "\n\n".join(parts) + "\n"
+    print(text)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
