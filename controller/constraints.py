@@ -9,6 +9,7 @@ checked like MIG ones. As in kube-scheduler, a covered device lacking a matchAtt
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +60,7 @@ class Problem:
     attribute: str  # set for matchAttribute (retried by pinning), empty for distinctAttribute
     message: str
     covered: tuple[Slot, ...]
+    distinct: str = ""  # set for distinctAttribute (retried by pinning each device to its own value)
 
 
 class ConstraintChecker:
@@ -107,6 +109,7 @@ class ConstraintChecker:
                         f"claim {name}: distinctAttribute {constraint['distinctAttribute']} not satisfiable "
                         "by this placement",
                         covered,
+                        distinct=str(constraint["distinctAttribute"]),
                     )
         return None
 
@@ -157,7 +160,11 @@ class ConstraintChecker:
         share_requests: list[ShareRequest],
         problem: Problem,
     ) -> Iterator[tuple[list[DeviceRequest], list[ShareRequest]]]:
-        """The requests with the covered ones pinned to one value of the matchAttribute, value by value."""
+        """The requests with the covered ones pinned to one value of the matchAttribute, value by value;
+        for a distinctAttribute, the covered MIG devices pinned to different values, set by set."""
+        if problem.distinct:
+            yield from self._distinct_variants(cluster, mig_requests, share_requests, problem)
+            return
         if not problem.attribute:
             return
         names = {s.policy_name for s in problem.covered}
@@ -179,6 +186,45 @@ class ConstraintChecker:
                     for r in share_requests
                 ],
             )
+
+    def _distinct_variants(
+        self,
+        cluster: ClusterState,
+        mig_requests: list[DeviceRequest],
+        share_requests: list[ShareRequest],
+        problem: Problem,
+    ) -> Iterator[tuple[list[DeviceRequest], list[ShareRequest]]]:
+        """The placement policy packs (several MIG devices on one GPU when it costs least), so a
+        distinctAttribute it broke (e.g. `parentUUID`: N devices on N GPUs, the shim's meaning of
+        nvidia.com/gpu: N) is retried with device i pinned to the i-th value of a set of distinct values
+        offered on one node, set by set, node by node (bounded). Shares of a claim are on distinct GPUs
+        already (driver/policy/shared.py), so only MIG devices are pinned."""
+        attribute = problem.distinct
+        names = [s.policy_name for s in problem.covered if s.kind is AltKind.MIG]
+        if len(names) < 2:
+            return
+        covered = [r for r in mig_requests if r.name in names]
+        tried = 0
+        for node in cluster.nodes():
+            values: list[Any] = []
+            for gpu in cluster.node_gpus(node):
+                inv = self.inventory.gpus[gpu.ref]
+                devices = self.inventory.pools[inv.pool].devices
+                for req in covered:
+                    for ps in req.allowed(gpu.ref) or ():
+                        dev = inv.mig_devices.get(ps)
+                        value = devices[dev].attribute(attribute) if dev is not None else None
+                        if value is not None and value not in values:
+                            values.append(value)
+            for combo in itertools.combinations(values, len(names)):
+                if tried >= MAX_CONSTRAINT_VALUES:
+                    return
+                tried += 1
+                pins = dict(zip(names, combo, strict=True))
+                yield (
+                    [self._pinned(r, attribute, pins[r.name]) if r.name in pins else r for r in mig_requests],
+                    share_requests,
+                )
 
     def _pinned(self, request: DeviceRequest, attribute: str, value: Any) -> DeviceRequest:
         inventory = self.inventory

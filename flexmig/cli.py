@@ -7,11 +7,22 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from api.buildinfo import revision, version
+from api.constants import DRIVER_NAME
 from flexmig.logsetup import configure_logging, level_from_env
 
 # Each module exposes `register(subparsers)`; a subcommand that fails to import (an optional
 # dependency missing) must not take the whole CLI down, so they are loaded one by one.
-SUBCOMMANDS = ("simulate", "profiles", "layouts", "sim", "kubeletplugin", "controller", "status")
+SUBCOMMANDS = (
+    "simulate",
+    "profiles",
+    "layouts",
+    "sim",
+    "kubeletplugin",
+    "controller",
+    "status",
+    "migrate_config",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,6 +32,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--log-level", default=level_from_env(), help="debug, info, warning or error")
     parser.add_argument("--log-format", default="auto", choices=["auto", "json", "console"])
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"flexmig {version()} (revision {revision()}, driver {DRIVER_NAME})",
+        help="print the version and exit",
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
         try:
@@ -37,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        configure_logging(args.log_level, args.log_format)
+        configure_logging(args.log_level, args.log_format, component=args.command)
     except ValueError as exc:
         parser.error(str(exc))
     func = getattr(args, "func", None)

@@ -30,11 +30,10 @@ from api.constants import (
     VGPU_MODE_MIG,
 )
 from controller.quantity import QuantityError, parse_quantity
-from controller.shim.defaults import ShimDefaults
+from controller.shim.defaults import RESOURCE_PRIORITY, ResourceNames, ShimDefaults
 
 LEGACY_RESOURCES = (RESOURCE_GPU, RESOURCE_GPUMEM, RESOURCE_GPUMEM_PERCENTAGE, RESOURCE_GPUCORES)
 """The resources that make a container a legacy GPU container (and get it rewritten)."""
-RESOURCE_PRIORITY = "nvidia.com/priority"
 REMOVED_RESOURCES = (*LEGACY_RESOURCES, RESOURCE_PRIORITY)
 """Every resource the rewrite takes out of such a container; other `nvidia.com/*` keys are denied."""
 _VENDOR_PREFIX = "nvidia.com/"
@@ -99,11 +98,10 @@ def vgpu_mode(annotations: Mapping[str, Any] | None) -> Mode:
     )
 
 
-def has_legacy_resources(container: Mapping[str, Any]) -> bool:
+def has_legacy_resources(container: Mapping[str, Any], names: ResourceNames | None = None) -> bool:
     resources = container.get("resources") or {}
-    return any(
-        key in (resources.get(part) or {}) for part in ("limits", "requests") for key in LEGACY_RESOURCES
-    )
+    keys = LEGACY_RESOURCES if names is None else names.legacy
+    return any(key in (resources.get(part) or {}) for part in ("limits", "requests") for key in keys)
 
 
 # resource -> (lowest, highest, what the value means)
@@ -132,10 +130,14 @@ def _value(raw: Any) -> Fraction | None:
     return None
 
 
-def _read(who: str, key: str, where: str, raw: Any, errors: list[str]) -> int | None:
-    lowest, highest, meaning = _RANGES[key]
+def _read(
+    who: str, key: str, where: str, raw: Any, errors: list[str], names: ResourceNames | None = None
+) -> int | None:
+    # A custom name (HAMi's resource*Name) plays the role of HAMi's default name.
+    role = key if names is None else names.canonical(key)
+    lowest, highest, meaning = _RANGES[role]
     allowed = f"allowed: {meaning}, {lowest}..{highest}"
-    if key == RESOURCE_GPUMEM and isinstance(raw, str) and _BINARY_SUFFIX.search(raw.strip()):
+    if role == RESOURCE_GPUMEM and isinstance(raw, str) and _BINARY_SUFFIX.search(raw.strip()):
         errors.append(f"{who}: {key}={raw!r} in {where}: binary suffixes are not accepted ({allowed})")
         return None
     value = _value(raw)
@@ -148,32 +150,37 @@ def _read(who: str, key: str, where: str, raw: Any, errors: list[str]) -> int | 
     return int(value)
 
 
-def _legacy_values(who: str, container: Mapping[str, Any], errors: list[str]) -> dict[str, int]:
+def _legacy_values(
+    who: str, container: Mapping[str, Any], errors: list[str], names: ResourceNames | None = None
+) -> dict[str, int]:
     """resource -> value, from limits or requests; both given must agree (Kubernetes requires equal
     limits and requests for extended resources; HAMi reads limits)."""
     resources = container.get("resources") or {}
     limits = resources.get("limits") or {}
     requests = resources.get("requests") or {}
     values: dict[str, int] = {}
+    names = names or ResourceNames()
     unknown = sorted(
         {
             str(k)
             for k in (*limits, *requests)
-            if str(k).startswith(_VENDOR_PREFIX) and k not in REMOVED_RESOURCES
+            if str(k).startswith((_VENDOR_PREFIX, *names.prefixes)) and k not in names.removed
         }
     )
     if unknown:
         errors.append(
-            f"{who}: {', '.join(unknown)} cannot be combined with {RESOURCE_GPU} under flexmig "
-            f"(allowed nvidia.com resources: {', '.join(REMOVED_RESOURCES)})"
+            f"{who}: {', '.join(unknown)} cannot be combined with {names.count} under flexmig "
+            f"(allowed {'/'.join(names.prefixes)} resources: {', '.join(names.removed)})"
         )
-    for key in REMOVED_RESOURCES:
-        in_limits = _read(who, key, "limits", limits[key], errors) if key in limits else None
+    for key in names.removed:
+        in_limits = _read(who, key, "limits", limits[key], errors, names) if key in limits else None
         # The API server copies extended-resource limits into requests: the same value is read once,
         # so a denial names each problem once.
         same = key in limits and key in requests and str(limits[key]) == str(requests[key])
         in_requests = (
-            _read(who, key, "requests", requests[key], errors) if key in requests and not same else None
+            _read(who, key, "requests", requests[key], errors, names)
+            if key in requests and not same
+            else None
         )
         if in_limits is not None and in_requests is not None and in_limits != in_requests:
             errors.append(
@@ -194,40 +201,49 @@ def container_shape(
     resource, or `nvidia.com/gpu: 0` alone). Raises AdmissionDenied listing every problem found."""
     who = f'{kind} "{container.get("name", "?")}"'
     errors: list[str] = []
-    values = _legacy_values(who, container, errors)
+    names = defaults.names
+    values = _legacy_values(who, container, errors, names)
     if errors:
         raise AdmissionDenied("; ".join(errors))
-    others = [k for k in (RESOURCE_GPUMEM, RESOURCE_GPUMEM_PERCENTAGE, RESOURCE_GPUCORES) if k in values]
-    count = values.get(RESOURCE_GPU)
+    others = [k for k in (names.memory, names.memory_percentage, names.cores) if k in values]
+    count = values.get(names.count)
     if count is None:
         if not others:
             return None
         if defaults.default_gpu_num == 0:
             raise AdmissionDenied(
-                f"{who}: {', '.join(others)} given with no {RESOURCE_GPU}, and the device config's "
-                f"defaultGPUNum is 0 (allowed: add {RESOURCE_GPU}: 1..{MAX_GPUS})"
+                f"{who}: {', '.join(others)} given with no {names.count}, and the device config's "
+                f"defaultGPUNum is 0 (allowed: add {names.count}: 1..{MAX_GPUS})"
             )
         count = defaults.default_gpu_num  # HAMi's webhook adds defaultGPUNum the same way
     elif count == 0:
         if others:
             raise AdmissionDenied(
-                f"{who}: {RESOURCE_GPU} is 0 but {', '.join(others)} is given "
-                f"(allowed: {RESOURCE_GPU}: 1..{MAX_GPUS} with them, or remove them)"
+                f"{who}: {names.count} is 0 but {', '.join(others)} is given "
+                f"(allowed: {names.count}: 1..{MAX_GPUS} with them, or remove them)"
             )
-        if RESOURCE_PRIORITY in values:
+        if names.priority in values:
             # The container is left as written, and no node advertises nvidia.com/priority.
             raise AdmissionDenied(
-                f"{who}: {RESOURCE_GPU} is 0 but {RESOURCE_PRIORITY} is given (allowed: remove it)"
+                f"{who}: {names.count} is 0 but {names.priority} is given (allowed: remove it)"
             )
         return None  # asks for nothing; the scheduler ignores zero requests, so it is left as written
-    mib = values.get(RESOURCE_GPUMEM)
-    percent = values.get(RESOURCE_GPUMEM_PERCENTAGE)
+    mib = values.get(names.memory)
+    percent = values.get(names.memory_percentage)
     if mib is not None and percent is not None:
         raise AdmissionDenied(
-            f"{who}: {RESOURCE_GPUMEM} and {RESOURCE_GPUMEM_PERCENTAGE} are both given (allowed: one of them)"
+            f"{who}: {names.memory} and {names.memory_percentage} are both given (allowed: one of them)"
         )
+    if mib:
+        # HAMi's memoryFactor: gpumem is given in units of that many MiB.
+        mib *= defaults.memory_factor
+        if mib > MAX_GPUMEM_MIB:
+            raise AdmissionDenied(
+                f"{who}: {names.memory}={values[names.memory]} times the device config's memoryFactor "
+                f"{defaults.memory_factor} is {mib} MiB, above {MAX_GPUMEM_MIB} (allowed: a smaller value)"
+            )
     if percent is None and not mib:  # gpumem 0 means "not given", as in HAMi
         mib = defaults.default_memory_mib or None
         percent = None if mib else 100
-    cores = values.get(RESOURCE_GPUCORES, defaults.default_cores)
+    cores = values.get(names.cores, defaults.default_cores)
     return Shape(count=count, memory_mib=mib, memory_percent=percent, cores=cores, mode=mode)

@@ -61,14 +61,16 @@ def _claim_name(container_name: str, taken: set[str]) -> str:
     raise AssertionError("unreachable: len(taken) + 1 candidates cannot all be taken")
 
 
-def _rewritten_resources(resources: Mapping[str, Any] | None, claim: str) -> dict[str, Any]:
+def _rewritten_resources(
+    resources: Mapping[str, Any] | None, claim: str, removed: Sequence[str] = REMOVED_RESOURCES
+) -> dict[str, Any]:
     """The container's resources without the legacy keys and nvidia.com/priority (an emptied limits/requests map is dropped:
     an empty map and no map mean the same to Kubernetes) and with the claim added."""
     out: dict[str, Any] = dict(resources or {})
     for part in ("limits", "requests"):
         if part not in out:
             continue
-        kept = {k: v for k, v in (out[part] or {}).items() if k not in REMOVED_RESOURCES}
+        kept = {k: v for k, v in (out[part] or {}).items() if k not in removed}
         if kept:
             out[part] = kept
         else:
@@ -93,7 +95,7 @@ def _rewrites(
         (field, kind, i, c)
         for field, kind in _CONTAINER_FIELDS
         for i, c in enumerate(spec.get(field) or [])
-        if has_legacy_resources(c)
+        if has_legacy_resources(c, defaults.names)
     ]
     if not found:
         return []
@@ -168,7 +170,7 @@ def mutate_pod(
         if rewrites:
             names = ", ".join(str(r.container.get("name")) for r in rewrites)
             raise AdmissionDenied(
-                f"spec.nodeName is set and container(s) {names} ask for nvidia.com/gpu: flexmig must choose "
+                f"spec.nodeName is set and container(s) {names} ask for {defaults.names.count}: flexmig must choose "
                 "the node and the devices together (allowed: leave spec.nodeName out; use a nodeSelector)"
             )
         # A gate cannot be combined with nodeName; such a pod can only use already-allocated claims.
@@ -191,7 +193,7 @@ def mutate_pod(
             {
                 "op": "add",  # "add" on an existing member replaces it (RFC 6902 4.1)
                 "path": f"/spec/{r.field}/{r.index}/resources",
-                "value": _rewritten_resources(r.container.get("resources"), claim),
+                "value": _rewritten_resources(r.container.get("resources"), claim, defaults.names.removed),
             }
         )
         done.append(f"{r.container.get('name')} -> claim {claim} ({template.name}: {describe(r.shape)})")

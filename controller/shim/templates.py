@@ -27,6 +27,10 @@ LABEL_SHIM_TEMPLATE = f"{DRIVER_NAME}/shim-template"
 SHIM_TEMPLATE_VERSION = "v1"
 ANNOTATION_SHAPE = f"{DRIVER_NAME}/shape"
 UUID_ATTRIBUTE = f"{DRIVER_NAME}/uuid"
+PARENT_UUID_ATTRIBUTE = f"{DRIVER_NAME}/parentUUID"
+DISTINCT_SUFFIX = "-d"
+"""Ends the name of a template whose MIG devices must sit on different GPUs (count > 1), so a template
+written before that rule (same shape, no constraint) is never reused for it."""
 
 
 @dataclass(frozen=True)
@@ -40,10 +44,11 @@ class TemplateSpec:
 
 
 def template_name(shape: Shape) -> str:
-    """e.g. `flexmig-any-2x8000mi-c0`, `flexmig-mig-1x50pct-c30`: a DNS subdomain (and label) that
-    says the shape. At most 38 characters ("flexmig-hami-core-32x1073741824mi-c100"), never truncated."""
+    """e.g. `flexmig-any-2x8000mi-c0-d`, `flexmig-mig-1x50pct-c30`: a DNS subdomain (and label) that
+    says the shape (`-d`: MIG devices on distinct GPUs). At most 38 characters ("flexmig-hami-core-32x1073741824mi-c100"), never truncated."""
     memory = f"{shape.memory_mib}mi" if shape.memory_mib is not None else f"{shape.memory_percent}pct"
-    return f"flexmig-{shape.mode.value}-{shape.count}x{memory}-c{shape.cores}"
+    distinct = DISTINCT_SUFFIX if shape.count > 1 and shape.mode is not Mode.HAMI_CORE else ""
+    return f"flexmig-{shape.mode.value}-{shape.count}x{memory}-c{shape.cores}{distinct}"
 
 
 def describe(shape: Shape) -> str:
@@ -122,10 +127,21 @@ def claim_spec(shape: Shape) -> dict[str, Any]:
         ]
         hami_ref = f"{REQUEST_NAME}/hami-core"
     devices: dict[str, Any] = {"requests": [request]}
+    constraints: list[dict[str, Any]] = []
+    if shape.mode is not Mode.HAMI_CORE and shape.count > 1:
+        # HAMi's nvidia.com/gpu: N means N different physical GPUs, in MIG mode too: each MIG device
+        # of the request on its own parent GPU. Several instances on one GPU take a ResourceClaim.
+        mig_ref = REQUEST_NAME if shape.mode is Mode.MIG else f"{REQUEST_NAME}/mig"
+        constraints.append({"requests": [mig_ref], "distinctAttribute": PARENT_UUID_ATTRIBUTE})
+    if constraints:
+        devices["constraints"] = constraints
     if shape.mode is not Mode.MIG:
         if shape.count > 1:
-            # Two shares of one GPU are not two GPUs; MIG devices are distinct by their counters.
-            devices["constraints"] = [{"requests": [hami_ref], "distinctAttribute": UUID_ATTRIBUTE}]
+            # Two shares of one GPU are not two GPUs.
+            devices["constraints"] = [
+                *constraints,
+                {"requests": [hami_ref], "distinctAttribute": UUID_ATTRIBUTE},
+            ]
         if shape.memory_percent is not None:
             devices["config"] = [
                 {

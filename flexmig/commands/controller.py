@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
 
     def leading() -> bool:
         value = elector is None or elector.is_leader()
-        metrics.leader.set(1 if value else 0)
+        metrics.set_leader(value)
         return value
 
     webhook = None

@@ -11,9 +11,11 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import structlog
 import yaml
 
 from controller.shim import ShimConfigError, ShimDefaults, parse_shim_defaults
+from driver import hamiconfig
 
 if TYPE_CHECKING:  # the webhook imports kubernetes; `flexmig --help` must not pay for it
     from controller.webhook import WebhookSettings
@@ -151,9 +153,15 @@ def load_defaults(path: str) -> ShimDefaults:
     except (OSError, yaml.YAMLError) as exc:
         raise ValueError(f"--device-config: cannot read {path}: {exc}") from exc
     try:
-        return parse_shim_defaults(doc)
-    except ShimConfigError as exc:
+        # HAMi's device-config.yaml as written, or the ConfigMap / its data map.
+        doc = hamiconfig.device_config_document(doc, path)
+        defaults = parse_shim_defaults(doc)
+    except (ShimConfigError, hamiconfig.DeviceConfigError) as exc:
         raise ValueError(f"--device-config {path}: {exc}") from exc
+    unused = hamiconfig.unused_keys(doc)
+    if unused:
+        structlog.get_logger(__name__).warning(hamiconfig.unused_keys_message(unused), file=path)
+    return defaults
 
 
 def webhook_settings(args: argparse.Namespace) -> WebhookSettings | None:

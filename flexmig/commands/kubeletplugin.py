@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    configure_logging(level.lower(), fmt)  # type: ignore[arg-type]
+    configure_logging(level.lower(), fmt, component="kubeletplugin")  # type: ignore[arg-type]
     try:
         cfg = load_config(args)
     except ConfigError as exc:

@@ -50,6 +50,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="plain text (default: colour when stdout is a terminal and NO_COLOR is unset)",
     )
     parser.add_argument("--timeout", type=float, default=15.0, help="seconds per API request (default 15)")
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=("text", "json", "yaml"),
+        default="text",
+        help="text (the slice maps, default) or the same as a JSON / YAML document for scripts",
+    )
     parser.set_defaults(func=run)
 
 
@@ -141,6 +148,21 @@ def run(args: argparse.Namespace) -> int:
     except StatusError as exc:
         print(f"flexmig status: {exc}", file=sys.stderr)
         return 2
+    if args.output != "text":
+        import json
+
+        import yaml
+
+        from controller.statusdata import status_document
+
+        doc = status_document(Inventory(slices), allocations, node=args.node)
+        text = (
+            json.dumps(doc, indent=2) + "\n"
+            if args.output == "json"
+            else yaml.safe_dump(doc, sort_keys=False)
+        )
+        sys.stdout.write(text)
+        return 0
     color = not args.no_color and sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     text = render(Inventory(slices), allocations, color=color, node=args.node)
     print(text)

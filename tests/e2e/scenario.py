@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import sys
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -53,11 +54,23 @@ GPU_NODE_LABEL = "nvidia.com/gpu.present"  # the chart's DaemonSet affinity (GPU
 CHART_DEVICE_CLASSES = ("mig.gpu.flexmig.dev", "gpu.flexmig.dev", "hami-core.gpu.flexmig.dev")
 
 
+def some_shared_object() -> Path:
+    """An ELF shared object present on every Linux CPython (a C extension module)."""
+    import _ctypes
+
+    path = Path(str(_ctypes.__file__))
+    assert path.suffix == ".so", f"{path} is not a shared object on {sys.platform}"
+    return path
+
+
 @dataclass(frozen=True)
 class NodeSpec:
     name: str  # a prefix; the scenario appends its suffix
     gpus: tuple[str, ...]  # simulator SKU keys, e.g. ("A100-40GB", "A100-40GB")
     mode: str = "mig"  # the node's nodeconfig operatingmode
+    # Put a stand-in for HAMi-core's libvgpu.so (any ELF shared object passes the plugin's check) on the
+    # node before its plugin starts, so its shares are published enforced (without it they are refused).
+    hami_core_library: bool = False
 
 
 @dataclass(frozen=True)
@@ -182,6 +195,9 @@ class Scenario:
             gpus = [SimGpuSpec(sku, mig_enabled=mig_on, uuid=f"GPU-{uuid.uuid4()}") for sku in spec.gpus]
             nd = ChartNodeDir.create(name, Path("/nonexistent"), gpus)
             assert isinstance(nd, ChartNodeDir)
+            if spec.hami_core_library:
+                nd.hami_core_dir.mkdir(parents=True, exist_ok=True)
+                shutil.copy(some_shared_object(), nd.hami_core_dir / "libvgpu.so")
             node_api = self.cp.api_client(self.cp.node_kubeconfig(name))
             labels = {SCENARIO_LABEL: self.suffix, GPU_NODE_LABEL: "true"}
             standin = KubeletStandIn(node_api, nd, labels=labels).start()

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from driver.catalog.allowlist import default_allowlist_data, parse_allowlist
+from driver.hamiconfig import unused_keys
 from flexmig.cli import build_parser
 from kubeletplugin.nodeconfig import OperatingMode, node_config_for
 
@@ -78,7 +79,8 @@ def test_template_defaults(helm_bin: Path, tmp_path: Path) -> None:
     assert kinds == sorted(
         ["ServiceAccount"] * 2
         + ["ClusterRole", "ClusterRoleBinding"] * 2
-        + ["Role", "RoleBinding", "Deployment", "DaemonSet", "MutatingWebhookConfiguration"]
+        + ["Role", "RoleBinding"] * 2  # the controller's; the plugin's Node events (namespace default)
+        + ["Deployment", "DaemonSet", "MutatingWebhookConfiguration"]
         + ["ConfigMap"] * 2
         + ["Service"] * 3
         + ["DeviceClass"] * 3
@@ -120,7 +122,9 @@ def test_template_defaults(helm_bin: Path, tmp_path: Path) -> None:
         "/usr/local/vgpu",  # HAMi-core's library; CDI specs of shared GPUs mount it from the host
     }
     assert (args.hami_core_dir, args.hami_core_library) == ("/usr/local/vgpu", "/usr/local/vgpu/libvgpu.so")
-    assert args.device_split_count == "10"
+    assert args.device_split_count is None  # from the device config's deviceSplitCount (below)
+    # Defaults that deliver dynamic MIG: unlisted nodes decide per GPU; no unenforced shares.
+    assert (args.operating_mode, args.unenforced_shares) == ("auto", "refuse")
     mounts = {m["name"]: m for m in plugin["volumeMounts"]}
     for name in ("plugins-registry", "plugin-data", "cdi", "hami-core"):  # same path inside as on the host
         assert mounts[name]["mountPath"] == volumes[name]["hostPath"]["path"]
@@ -144,6 +148,9 @@ def test_template_defaults(helm_bin: Path, tmp_path: Path) -> None:
     device_cm = one(docs, "ConfigMap", "-device-config")
     doc = yaml.safe_load(device_cm["data"]["device-config.yaml"])
     assert doc["nvidia"]["migProfileAllowlist"] == default_allowlist_data()
+    assert (doc["nvidia"]["deviceSplitCount"], doc["nvidia"]["memoryFactor"]) == (10, 1)
+    # A generated config holds only keys flexmig uses: no start-up warning about unused keys.
+    assert unused_keys(doc) == []
     parse_allowlist(doc["nvidia"]["migProfileAllowlist"])
     node_cm = one(docs, "ConfigMap", "-node-config")
     assert json.loads(node_cm["data"]["config.json"]) == {"nodeconfig": []}
@@ -200,7 +207,7 @@ def test_template_overrides(helm_bin: Path, tmp_path: Path) -> None:
 
     # A provided certificate: mounted by the kubelet, so the controller may read no Secret and
     # patch no webhook configuration.
-    role = one(docs, "Role")
+    role = one(docs, "Role", "-controller")
     assert not [r for r in role["rules"] if "secrets" in r["resources"]]
     cluster_role = one(docs, "ClusterRole", "-controller")
     assert not [r for r in cluster_role["rules"] if "mutatingwebhookconfigurations" in r["resources"]]

@@ -246,6 +246,9 @@ def _check_rbac(api: Any) -> None:
         group=hooks,
         name=f"{RELEASE}.{DRIVER}",
     )
+    # The plugin's Node events: in the default namespace only.
+    assert can(api, plugin, verb="create", resource="events", ns="default")
+    assert not can(api, plugin, verb="create", resource="events", ns="ns1")
     # The self-generated webhook certificate: its own Secret only.
     cert = f"{RELEASE}-webhook-cert"
     for verb in ("get", "update"):

@@ -151,7 +151,7 @@ def test_prepare_and_unprepare_a_share(env: Env) -> None:
         "CUDA_DEVICE_MEMORY_LIMIT_0=8000m",
         "CUDA_DEVICE_SM_LIMIT_0=30",
     ]
-    assert {"path": "/dev/nvidia0"} in device["containerEdits"]["deviceNodes"]
+    assert "/dev/nvidia0" in [n["path"] for n in device["containerEdits"]["deviceNodes"]]
     claim_edits = spec["containerEdits"]
     assert "CUDA_DEVICE_SM_LIMIT=30" in claim_edits["env"]
     cache_env = f"CUDA_DEVICE_MEMORY_SHARED_CACHE=/usr/local/vgpu/claims/{c['uid']}/vgpu.cache"

@@ -10,8 +10,6 @@ plugin's prepare through the simulated NVML, the kubelet stand-in running the po
 from __future__ import annotations
 
 import json
-import shutil
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -49,31 +47,20 @@ A100_ALLOWED = {"1g.5gb", "2g.10gb", "3g.20gb", "7g.40gb"}
 def sc(control_plane: ControlPlane, request: pytest.FixtureRequest) -> Iterator[Scenario]:
     nodes = [
         NodeSpec("shim-mig", ("A100-40GB",) * 2, mode="mig"),
-        NodeSpec("shim-hami", ("A100-40GB",) * 2, mode="hami-core"),
+        # HAMi-core's library is there before the plugin starts, so the enforcing path - library mounted
+        # and preloaded - is the one exercised (without it, shares are refused by default).
+        NodeSpec("shim-hami", ("A100-40GB",) * 2, mode="hami-core", hami_core_library=True),
     ]
     s = Scenario(control_plane, nodes, ScenarioOptions(webhook=True))
     try:
         s.start()
         s.wait_webhook()
-        # A stand-in for HAMi-core's libvgpu.so (any ELF shared object passes the plugin's check), so
-        # the enforcing path - library mounted and preloaded - is the one exercised.
-        hami = node(s, "hami-core")
-        hami.nd.hami_core_dir.mkdir(parents=True, exist_ok=True)
-        shutil.copy(_some_shared_object(), hami.nd.hami_core_dir / "libvgpu.so")
     except BaseException:
         s.stop(failed=True)
         raise
     failed_before = request.session.testsfailed
     yield s
     s.stop(failed=request.session.testsfailed > failed_before)
-
-
-def _some_shared_object() -> Path:
-    import _ctypes  # a C extension module: an ELF shared object on every Linux CPython
-
-    path = Path(str(_ctypes.__file__))
-    assert path.suffix == ".so", f"{path} is not a shared object on {sys.platform}"
-    return path
 
 
 def node(sc: Scenario, mode: str) -> SimNode:

@@ -4,10 +4,12 @@ status.allocation directly (no controller runs here), one of them prepared (stat
 from __future__ import annotations
 
 import dataclasses
+import json
 import uuid
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client as k8s
 
 from api.constants import DRIVER_NAME
@@ -118,6 +120,20 @@ def test_status_draws_the_slice_map(control_plane: ControlPlane, capsys: pytest.
             assert "  free: memory slices 1-3 (3/8); compute 4/7 slices used" in lines
             assert "  still fits: 1g.5gb x3, 2g.10gb x1" in lines
             assert lines[-1] == "1 GPU on 1 node, 2 allocated devices"
+
+            # The same as data for scripts (-o json / -o yaml).
+            base = ["status", "--kubeconfig", str(control_plane.kubeconfig), "--node", node]
+            capsys.readouterr()  # drop the text printed above
+            assert main([*base, "-o", "json"]) == 0
+            doc = json.loads(capsys.readouterr().out)
+            [gpu] = doc["gpus"]
+            assert (gpu["node"], gpu["index"], gpu["model"]) == (node, 0, "A100-40GB")
+            taken = {(i["profile"], i["start"], i["claim"]) for i in gpu["instances"]}
+            assert taken == {("3g.20gb", 4, f"{ns}/train"), ("1g.5gb", 0, f"{ns}/infer")}
+            assert {"profile": "2g.10gb", "count": 1} in gpu["fits"]
+            assert doc["summary"] == {"gpus": 1, "nodes": 1, "allocatedDevices": 2}
+            assert main([*base, "-o", "yaml"]) == 0
+            assert yaml.safe_load(capsys.readouterr().out) == doc
 
             # Unfiltered, the node is among the others the session's tests published.
             assert main(["status", "--kubeconfig", str(control_plane.kubeconfig), "--no-color"]) == 0

@@ -53,12 +53,49 @@ app.kubernetes.io/component: {{ .component }}
 
 {{/* The device ConfigMap's file: HAMi's device config shape ({nvidia: {...}}). */}}
 {{- define "flexmig.deviceConfigData" -}}
+{{- if .Values.deviceConfig.hamiConfig -}}
+{{- /* HAMi's device-config.yaml as written: used verbatim by the plugin and the controller. */ -}}
+{{- .Values.deviceConfig.hamiConfig -}}
+{{- else -}}
 nvidia:
   defaultMemory: {{ int .Values.deviceConfig.defaultMemory }}
   defaultCores: {{ int .Values.deviceConfig.defaultCores }}
   defaultGPUNum: {{ int .Values.deviceConfig.defaultGPUNum }}
+  memoryFactor: {{ int .Values.deviceConfig.memoryFactor }}
+  deviceSplitCount: {{ int .Values.deviceConfig.deviceSplitCount }}
+  deviceMemoryScaling: {{ .Values.deviceConfig.deviceMemoryScaling }}
+  deviceCoreScaling: {{ .Values.deviceConfig.deviceCoreScaling }}
+  {{- with .Values.deviceConfig.resourceNames }}
+  {{- range $key, $name := . }}
+  {{ $key }}: {{ $name | quote }}
+  {{- end }}
+  {{- end }}
   migProfileAllowlist:
     {{- toYaml .Values.deviceConfig.migProfileAllowlist | nindent 4 }}
+{{- end -}}
+{{- end -}}
+{{/* The resource names the shim reads (HAMi's resource*Name keys of the device config), for the
+webhook's matchConditions: a custom name under another prefix must still send the pod. */}}
+{{- define "flexmig.shimResourceNames" -}}
+{{- $nvidia := dict -}}
+{{- if .Values.deviceConfig.hamiConfig -}}
+{{- $nvidia = (fromYaml .Values.deviceConfig.hamiConfig).nvidia | default dict -}}
+{{- else -}}
+{{- $nvidia = .Values.deviceConfig.resourceNames | default dict -}}
+{{- end -}}
+{{- $out := list -}}
+{{- range $key := list "resourceCountName" "resourceMemoryName" "resourceMemoryPercentageName" "resourceCoreName" "resourcePriorityName" -}}
+{{- with (get $nvidia $key) -}}{{- $out = append $out . -}}{{- end -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}
+{{/* The node ConfigMap's config.json: HAMi's as written, or built from nodeConfig.nodeconfig. */}}
+{{- define "flexmig.nodeConfigData" -}}
+{{- if .Values.nodeConfig.hamiConfig -}}
+{{- .Values.nodeConfig.hamiConfig -}}
+{{- else -}}
+{{- dict "nodeconfig" .Values.nodeConfig.nodeconfig | toPrettyJson -}}
+{{- end -}}
 {{- end -}}
 {{/* The cluster-scoped MutatingWebhookConfiguration; the controller patches its caBundle. */}}
 {{- define "flexmig.webhookConfigName" -}}{{ include "flexmig.fullname" . }}.{{ include "flexmig.driverName" . }}{{- end -}}

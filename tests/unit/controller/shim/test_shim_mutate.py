@@ -25,11 +25,11 @@ def test_user_guide_example(gpumem: Any) -> None:
     result, out = mutate(p)
     assert result.gated
     [template] = result.templates
-    assert (template.namespace, template.name) == ("ns1", "flexmig-mig-2x8000mi-c0")
+    assert (template.namespace, template.name) == ("ns1", "flexmig-mig-2x8000mi-c0-d")
     c = out["spec"]["containers"][0]
     assert c["resources"] == {"claims": [{"name": "ubuntu-container-gpu"}]}
     assert out["spec"]["resourceClaims"] == [
-        {"name": "ubuntu-container-gpu", "resourceClaimTemplateName": "flexmig-mig-2x8000mi-c0"}
+        {"name": "ubuntu-container-gpu", "resourceClaimTemplateName": "flexmig-mig-2x8000mi-c0-d"}
     ]
     assert out["spec"]["schedulingGates"] == [GATE]
     assert out["metadata"] == p["metadata"]  # nothing else touched
@@ -75,7 +75,7 @@ def test_requests_only_are_read() -> None:
         (
             {"nvidia.com/gpu": "3", "nvidia.com/gpumem": "0"},
             ShimDefaults(default_memory_mib=20),
-            "flexmig-any-3x20mi-c0",
+            "flexmig-any-3x20mi-c0-d",
         ),
         # gpucores absent: defaultCores.
         ({"nvidia.com/gpu": "1"}, ShimDefaults(default_cores=25), "flexmig-any-1x100pct-c25"),
@@ -89,7 +89,7 @@ def test_requests_only_are_read() -> None:
         (
             {"nvidia.com/gpu": "2", "nvidia.com/gpumem-percentage": "50"},
             ShimDefaults(),
-            "flexmig-any-2x50pct-c0",
+            "flexmig-any-2x50pct-c0-d",
         ),
         (
             {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "1"},
@@ -98,9 +98,9 @@ def test_requests_only_are_read() -> None:
         ),
         # no gpu: HAMi adds defaultGPUNum
         ({"nvidia.com/gpumem": "8000"}, ShimDefaults(), "flexmig-any-1x8000mi-c0"),
-        ({"nvidia.com/gpumem-percentage": "25"}, ShimDefaults(default_gpu_num=2), "flexmig-any-2x25pct-c0"),
+        ({"nvidia.com/gpumem-percentage": "25"}, ShimDefaults(default_gpu_num=2), "flexmig-any-2x25pct-c0-d"),
         ({"nvidia.com/gpucores": "40"}, ShimDefaults(), "flexmig-any-1x100pct-c40"),
-        ({"nvidia.com/gpu": "32"}, ShimDefaults(), "flexmig-any-32x100pct-c0"),
+        ({"nvidia.com/gpu": "32"}, ShimDefaults(), "flexmig-any-32x100pct-c0-d"),
     ],
 )
 def test_defaults_and_shapes(limits: dict[str, str], defaults: ShimDefaults, name: str) -> None:

@@ -94,7 +94,7 @@ def test_selector_texts_match_the_contract() -> None:
 @pytest.mark.parametrize(
     ("s", "name"),
     [
-        (shape(count=2, mib=8000, mode=Mode.ANY), "flexmig-any-2x8000mi-c0"),
+        (shape(count=2, mib=8000, mode=Mode.ANY), "flexmig-any-2x8000mi-c0-d"),
         (shape(pct=50, cores=30), "flexmig-mig-1x50pct-c30"),
         (
             shape(count=32, mib=2**30, cores=100, mode=Mode.HAMI_CORE),
@@ -133,8 +133,11 @@ def test_mig_body() -> None:
                     "selectors": [{"cel": {"expression": MIB_8000}}],
                 },
             }
-        ]
+        ],
+        # nvidia.com/gpu: 2 is two physical GPUs, in MIG mode too (HAMi's meaning).
+        "constraints": [{"requests": ["gpus"], "distinctAttribute": "gpu.flexmig.dev/parentUUID"}],
     }
+    assert "constraints" not in devices(shape(count=1, mib=8000))
 
 
 def test_hami_core_body_mib() -> None:
@@ -182,7 +185,10 @@ def test_any_body_offers_both_and_scopes_hami_fields_to_the_subrequest() -> None
     assert mig["selectors"] == [{"cel": {"expression": mig_selector(shape(count=3, pct=40, cores=10))}}]
     assert hami["name"] == "hami-core" and hami["deviceClassName"] == "hami-core.gpu.flexmig.dev"
     assert hami["capacity"] == {"requests": {"cores": "10"}} and hami["count"] == 3
-    assert d["constraints"] == [{"requests": ["gpus/hami-core"], "distinctAttribute": "gpu.flexmig.dev/uuid"}]
+    assert d["constraints"] == [
+        {"requests": ["gpus/mig"], "distinctAttribute": "gpu.flexmig.dev/parentUUID"},
+        {"requests": ["gpus/hami-core"], "distinctAttribute": "gpu.flexmig.dev/uuid"},
+    ]
     assert d["config"][0]["requests"] == ["gpus/hami-core"]
     assert d["config"][0]["opaque"]["parameters"]["memoryPercentage"] == 40
 
