@@ -3,7 +3,9 @@
 Each resource gets a reflector thread: LIST (raw JSON, no model layer: thousands of slices deserialised
 into pydantic models would cost seconds and hundreds of MB), then WATCH from the list's resourceVersion
 with bookmarks, resuming from the last version seen after a dropped connection and relisting when the
-server answers 410 Gone (the version was compacted). Failures back off exponentially with jitter.
+server answers 410 Gone (the version was compacted). Each reflector runs in a LoopRunner
+(driver/looprunner.py): failures back off exponentially with jitter, and a hung list or watch shows as
+stuck in /healthz.
 
 Reflectors never touch shared state: they put events on a queue, and the single controller thread
 applies them (`WatchCache.apply`). A relist arrives as one REPLACE event, from which the store computes
@@ -20,9 +22,9 @@ revisions), as kube-scheduler's assume cache does; one that is not an integer is
 
 from __future__ import annotations
 
+import functools
 import json
 import queue
-import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -32,12 +34,18 @@ from typing import Any
 import structlog
 from kubernetes.watch.watch import iter_resp_lines
 
+from driver.looprunner import LoopRunner
+
 log = structlog.get_logger(__name__)
 
 Obj = dict[str, Any]
 ListFn = Callable[..., Any]
 
 WATCH_TIMEOUT_S = 300
+LIST_TIMEOUT = (10, 120)  # (connect, read) seconds: a hung LIST fails and is retried, never waits forever
+# A watch beats on every line; the server ends it after WATCH_TIMEOUT_S and the client's read timeout
+# (WATCH_TIMEOUT_S + 30) ends a silent one, so no beat for longer than this is a hung reflector.
+STUCK_AFTER_S = WATCH_TIMEOUT_S + 90.0
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 30.0
 
@@ -61,52 +69,66 @@ def object_key(obj: Mapping[str, Any]) -> str:
     return f"{ns}/{meta.get('name')}" if ns else str(meta.get("name"))
 
 
-class Reflector(threading.Thread):
-    """LIST + WATCH one resource into `events`."""
+class Reflector:
+    """LIST + WATCH one resource into `events`, in a `LoopRunner` (driver/looprunner.py): any exception
+    (urllib3's MaxRetryError/ReadTimeoutError when the API server is down included) is retried with
+    backoff, and a list or watch that hangs past `stuck_after_s` shows as stuck in /healthz."""
 
     def __init__(
-        self, resource: str, list_fn: ListFn, events: queue.Queue[Event], stop: threading.Event
+        self,
+        resource: str,
+        list_fn: ListFn,
+        events: queue.Queue[Event],
+        stop: threading.Event,
+        *,
+        stuck_after_s: float = STUCK_AFTER_S,
+        on_error: Callable[[Exception], None] | None = None,
     ) -> None:
-        super().__init__(name=f"reflector-{resource}", daemon=True)
         self.resource = resource
         self.list_fn = list_fn
         self.events = events
         self.stop_event = stop
         self.resource_version = ""
         self.relists = 0
-        self._backoff = BACKOFF_START_S
+        self._need_list = True
+        self.runner = LoopRunner(
+            f"reflector-{resource}",
+            self._once,
+            stop=stop,
+            stuck_after_s=stuck_after_s,
+            backoff_start_s=BACKOFF_START_S,
+            backoff_max_s=BACKOFF_MAX_S,
+            on_error=on_error,
+        )
+
+    def start(self) -> None:
+        self.runner.start()
 
     def run(self) -> None:
-        need_list = True
-        while not self.stop_event.is_set():
-            try:
-                if need_list:
-                    self._list()
-                    need_list = False
-                self._watch()
-                self._backoff = BACKOFF_START_S  # a watch that ended normally (timeout) is healthy
-            except GoneError:
-                log.info("watch expired, relisting", resource=self.resource)
-                need_list = True
-            except Exception as exc:
-                if self.stop_event.is_set():
-                    return
-                status = getattr(exc, "status", None)
-                if status == 410:
-                    need_list = True
-                    continue
-                delay = self._backoff * (1 + random.random() / 2)
-                log.warning(
-                    "list/watch failed, backing off",
-                    resource=self.resource,
-                    error=str(exc),
-                    delay_s=round(delay, 2),
-                )
-                self.stop_event.wait(delay)
-                self._backoff = min(self._backoff * 2, BACKOFF_MAX_S)
+        """Run in the calling thread until the stop event is set."""
+        self.runner.run()
+
+    def join(self, timeout_s: float | None = None) -> None:
+        self.runner.join(timeout_s)
+
+    def _once(self) -> None:
+        """One list (when needed) and one watch until it ends; a 410 asks for a relist, not a backoff."""
+        try:
+            if self._need_list:
+                self._list()
+                self._need_list = False
+            self._watch()
+        except GoneError:
+            log.info("watch expired, relisting", resource=self.resource)
+            self._need_list = True
+        except Exception as exc:
+            if getattr(exc, "status", None) == 410:
+                self._need_list = True
+                return
+            raise  # the LoopRunner logs it and backs off
 
     def _list(self) -> None:
-        resp = self.list_fn(_preload_content=False)
+        resp = self.list_fn(_preload_content=False, _request_timeout=LIST_TIMEOUT)
         body = json.loads(resp.data)
         self.resource_version = body["metadata"]["resourceVersion"]
         self.relists += 1
@@ -134,6 +156,7 @@ class Reflector(threading.Thread):
                 return
             if not line:
                 continue
+            self.runner.beat()
             event = json.loads(line)
             kind, obj = event.get("type"), event.get("object") or {}
             if kind == "ERROR":
@@ -240,14 +263,35 @@ RESOURCES = ("resourceslices", "resourceclaims", "deviceclasses", "pods", "nodes
 class WatchCache:
     """The stores of every resource the controller reads, fed by reflectors through one queue."""
 
-    def __init__(self, list_fns: Mapping[str, ListFn]) -> None:
+    def __init__(
+        self,
+        list_fns: Mapping[str, ListFn],
+        *,
+        stuck_after_s: float = STUCK_AFTER_S,
+        on_error: Callable[[str, Exception], None] | None = None,
+    ) -> None:
         self.events: queue.Queue[Event] = queue.Queue()
         self.stop_event = threading.Event()
         self.stores = {name: Store() for name in list_fns}
-        self.reflectors = [Reflector(name, fn, self.events, self.stop_event) for name, fn in list_fns.items()]
+        self.reflectors = [
+            Reflector(
+                name,
+                fn,
+                self.events,
+                self.stop_event,
+                stuck_after_s=stuck_after_s,
+                on_error=None if on_error is None else functools.partial(on_error, name),
+            )
+            for name, fn in list_fns.items()
+        ]
+
+    @property
+    def runners(self) -> list[LoopRunner]:
+        """The reflectors' loops, for a health check."""
+        return [r.runner for r in self.reflectors]
 
     @classmethod
-    def for_api(cls, api_client: Any) -> WatchCache:
+    def for_api(cls, api_client: Any, **kwargs: Any) -> WatchCache:
         from kubernetes import client as k8s
 
         resource = k8s.ResourceV1Api(api_client)
@@ -259,7 +303,8 @@ class WatchCache:
                 "deviceclasses": resource.list_device_class,
                 "pods": core.list_pod_for_all_namespaces,
                 "nodes": core.list_node,
-            }
+            },
+            **kwargs,
         )
 
     def start(self) -> None:

@@ -1,5 +1,6 @@
 """`flexmig controller`: the cluster-side allocator (mode `controller`), with leader election, metrics
-and the pod webhook (every replica serves it; only the leader writes: see controller/webhook/service.py)."""
+and /healthz on the metrics port, and the pod webhook (every replica serves it; only the leader writes:
+see controller/webhook/service.py). Every background loop runs under a LoopRunner: controller/process.py."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import argparse
 import os
 import signal
 import socket
-import threading
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -31,7 +32,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), help="default: in-cluster config")
     p.add_argument("--mode", default="controller", help=f"allocation mode: {', '.join(MODES)}")
     p.add_argument("--policy", default="flexmig", help=f"placement policy: {', '.join(POLICIES)}")
-    p.add_argument("--metrics-port", type=int, default=DEFAULT_CONTROLLER_METRICS_PORT, help="0 disables")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=DEFAULT_CONTROLLER_METRICS_PORT,
+        help="/metrics and /healthz; 0 disables",
+    )
     p.add_argument("--leader-elect", default="true", help="true or false")
     p.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE", "kube-system"))
     p.add_argument("--identity", default=os.environ.get("POD_NAME") or socket.gethostname())
@@ -62,14 +68,9 @@ def run(args: argparse.Namespace) -> int:
         print("flexmig controller: mode 'scheduler' needs no controller (kube-scheduler allocates); exiting")
         return 0
     from kubernetes import config as kconfig
-    from prometheus_client import start_http_server
 
-    from controller.leader import LeaderElector
-    from controller.loop import Controller
-    from controller.metrics import ControllerMetrics
-    from controller.watchcache import WatchCache
+    from controller.process import ControllerProcess, ProcessOptions
     from controller.webhook.server import bind_check
-    from controller.writer import Writer
     from driver.policy.allocator import FirstFitPolicy, PackingPolicy
 
     settings = webhook_settings(args)
@@ -88,43 +89,34 @@ def run(args: argparse.Namespace) -> int:
         from kubernetes import client as k8s
 
         api = k8s.ApiClient()
-    metrics = ControllerMetrics()
-    if args.metrics_port:
-        start_http_server(args.metrics_port, registry=metrics.registry)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    elector = None
-    if args.leader_elect == "true":
-        elector = LeaderElector(api, args.lease_namespace, args.identity)
-        elector.start()
-
-    def leading() -> bool:
-        value = elector is None or elector.is_leader()
-        metrics.set_leader(value)
-        return value
-
-    webhook = None
+    webhook: Any = None
     if settings is not None:
         from controller.webhook import WebhookService
 
-        webhook = WebhookService(api, settings, defaults, is_leader=leading, registry=metrics.registry)
-        webhook.start()
-    policy = PackingPolicy() if args.policy == "flexmig" else FirstFitPolicy()
-    controller = Controller(
-        WatchCache.for_api(api), Writer(api), policy=policy, metrics=metrics, is_leader=leading
+        def webhook(is_leader: Callable[[], bool], metrics: Any) -> Any:
+            return WebhookService(api, settings, defaults, is_leader=is_leader, registry=metrics.registry)
+
+    options = ProcessOptions(
+        identity=args.identity,
+        lease_namespace=args.lease_namespace,
+        leader_elect=args.leader_elect == "true",
+        metrics_port=args.metrics_port or None,
+        policy=PackingPolicy() if args.policy == "flexmig" else FirstFitPolicy(),
     )
+    try:
+        process = ControllerProcess(api, options, webhook=webhook)
+    except OSError as exc:
+        log.error("cannot bind the metrics port", port=args.metrics_port, error=str(exc))
+        print(f"flexmig controller: --metrics-port: cannot listen on {args.metrics_port}: {exc}")
+        return 2
+    signal.signal(signal.SIGTERM, lambda *_: process.stop_event.set())
+    signal.signal(signal.SIGINT, lambda *_: process.stop_event.set())
     log.info(
         "controller starting",
         identity=args.identity,
         policy=args.policy,
-        metrics_port=args.metrics_port,
+        metrics_port=process.metrics_port,
         webhook_port=args.webhook_port or None,
     )
-    controller.run(stop.is_set)
-    if webhook is not None:
-        webhook.stop()
-    if elector is not None:
-        elector.stop_event.set()
-        elector.join(timeout=5)
+    process.run()
     return 0
