@@ -10,6 +10,14 @@ a reboot.
 Writes go to a temp file in the same directory, are fsynced, renamed over the target and the directory
 is fsynced, so a crash leaves either the old or the new checkpoint (plus, at worst, a stray temp file
 that the next load removes).
+
+Group commit: claims on different GPUs are prepared in parallel and each makes several durable writes,
+so writes that arrive while one is being fsynced queue up and the next writer to run ("the leader")
+applies all of them, in arrival order, and makes them durable with one write + fsync. Every `update`
+still returns only after the file holding its change is durable; a failed write fails every update of
+its batch and leaves the previous file (and what `load` returns) as it was. `load` answers from the
+last durable state kept in memory, rereading the file only when its identity on disk (inode, size,
+times) changed, i.e. when another process wrote it.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import structlog
 
@@ -41,6 +49,7 @@ DEFAULT_BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 
 _log = structlog.get_logger(__name__)
 _T = TypeVar("_T")
+_FileId = tuple[int, int, int, int] | None  # (inode, size, mtime ns, ctime ns); None: no file
 
 
 def read_boot_id(path: str | os.PathLike[str] = DEFAULT_BOOT_ID_PATH) -> str:
@@ -50,65 +59,88 @@ def read_boot_id(path: str | os.PathLike[str] = DEFAULT_BOOT_ID_PATH) -> str:
     return boot_id
 
 
+def _copy(cp: Checkpoint) -> Checkpoint:
+    # Claims are frozen dataclasses, so a new dict is a full copy as far as callers can mutate it.
+    return Checkpoint(boot_id=cp.boot_id, claims=dict(cp.claims))
+
+
+class _Write(Generic[_T]):
+    """One queued `update`: its mutation and, once its batch is written, its result or error."""
+
+    __slots__ = ("done", "error", "mutate", "result")
+
+    def __init__(self, mutate: Callable[[Checkpoint], _T]) -> None:
+        self.mutate = mutate
+        self.done = False
+        self.result: _T | None = None
+        self.error: BaseException | None = None
+
+
 # --- the store -----------------------------------------------------------------------------------
 
 
 class CheckpointStore:
-    """Load/modify/save under one lock: a thread lock for this process, an flock for other processes
-    (a second plugin instance during a rolling update must not interleave its writes with ours)."""
+    """Durable, group-committed load/modify/save of the checkpoint at `path`.
+
+    An flock on `<path>.lock` is held while a batch is written (and while the file is reread), so a
+    second plugin instance during a rolling update never interleaves its writes with ours.
+    """
 
     def __init__(self, path: str | os.PathLike[str], boot_id: str) -> None:
         if not boot_id:
             raise ValueError("boot_id must not be empty")
         self.path = Path(path)
         self.boot_id = boot_id
-        self._lock = threading.RLock()
         self._lock_path = self.path.with_name(self.path.name + ".lock")
-        # The flock fd and how deeply the owning thread is nested in `_locked`. Both are only read or
-        # changed while holding `_lock`. One fd for the whole nesting: a second open() of the lock
-        # file is a second open file description, and flock on it would wait for the first one,
-        # i.e. for ourselves, forever.
-        self._fd: int | None = None
-        self._depth = 0
+        self._cond = threading.Condition()
+        # All below are guarded by `_cond`.
+        self._queue: list[_Write[Any]] = []
+        self._writing = False  # a leader is applying and writing a batch
+        self._durable: Checkpoint | None = None  # None: (re)read the file on next use
+        self._file_id: _FileId = None  # identity of the file `_durable` came from / went to
+        self._generation = 0  # bumped whenever `_durable` is replaced by a commit
+        self.commits = 0  # batches made durable (each one write + fsync); for tests and benchmarks
+        # The checkpoint a leader thread is building: store calls made from inside a mutation run on
+        # it directly (queueing them would wait for the very batch that is running them).
+        self._local = threading.local()
+
+    # -- file access (callers hold the flock) --
 
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        with self._lock:
-            if self._depth == 0:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX)
-                except BaseException:
-                    os.close(fd)
-                    raise
-                self._fd = fd
-            self._depth += 1
-            try:
-                yield
-            finally:
-                self._depth -= 1
-                if self._depth == 0 and self._fd is not None:
-                    fd, self._fd = self._fd, None
-                    os.close(fd)  # closing releases the flock
+    def _flocked(self) -> Iterator[None]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the flock
+
+    def _disk_id(self) -> _FileId:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
     def _temp_prefix(self) -> str:
         return f".{self.path.name}."
 
     def _remove_stale_temps(self) -> None:
-        # Only a writer that crashed between mkstemp and rename leaves these; we hold the lock, so no
-        # live writer owns one.
+        # Only a writer that crashed (or failed) between mkstemp and rename leaves these; we hold the
+        # flock, so no live writer owns one.
         for stray in self.path.parent.glob(self._temp_prefix() + "*.tmp"):
             with contextlib.suppress(FileNotFoundError):
                 stray.unlink()
                 _log.info("removed temp file left by an interrupted checkpoint write", path=str(stray))
 
-    def _load_unlocked(self) -> Checkpoint:
+    def _read_disk(self) -> tuple[Checkpoint, _FileId]:
         self._remove_stale_temps()
+        file_id = self._disk_id()
         try:
             text = self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
-            return Checkpoint(boot_id=self.boot_id)
+            return Checkpoint(boot_id=self.boot_id), None
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -123,13 +155,12 @@ class CheckpointStore:
                 current_boot_id=self.boot_id,
                 dropped_claims=sorted(cp.claims),
             )
-            return Checkpoint(boot_id=self.boot_id)
-        return cp
+            return Checkpoint(boot_id=self.boot_id), file_id
+        return cp, file_id
 
-    def _save_unlocked(self, cp: Checkpoint) -> None:
-        if cp.boot_id != self.boot_id:
-            raise ValueError(f"checkpoint boot id {cp.boot_id!r} is not this boot's {self.boot_id!r}")
-        data = json.dumps(checkpoint_to_json(cp), indent=1, sort_keys=True).encode() + b"\n"
+    def _write_disk(self, cp: Checkpoint) -> _FileId:
+        # Compact JSON: the C encoder is used only without indentation, and this runs per batch.
+        data = json.dumps(checkpoint_to_json(cp), sort_keys=True).encode() + b"\n"
         directory = self.path.parent
         fd, tmp = tempfile.mkstemp(prefix=self._temp_prefix(), suffix=".tmp", dir=directory)
         try:
@@ -147,22 +178,117 @@ class CheckpointStore:
             os.fsync(dfd)
         finally:
             os.close(dfd)
+        return self._disk_id()
+
+    # -- reading --
 
     def load(self) -> Checkpoint:
-        with self._locked():
-            return self._load_unlocked()
+        """The last durable checkpoint (a copy the caller may change freely)."""
+        building: Checkpoint | None = getattr(self._local, "building", None)
+        if building is not None:
+            return _copy(building)
+        with self._cond:
+            if self._durable is not None and (self._writing or self._disk_id() == self._file_id):
+                return _copy(self._durable)
+            generation = self._generation
+        with self._flocked():
+            cp, file_id = self._read_disk()
+        with self._cond:
+            # A commit that finished meanwhile is newer than what we read: keep it.
+            if generation == self._generation and not self._writing:
+                self._durable, self._file_id = cp, file_id
+        return _copy(cp)
 
-    def save(self, cp: Checkpoint) -> None:
-        with self._locked():
-            self._save_unlocked(cp)
+    # -- writing --
 
     def update(self, mutate: Callable[[Checkpoint], _T]) -> _T:
-        """Run `mutate` on the freshly loaded checkpoint and save it, all under the lock."""
-        with self._locked():
-            cp = self._load_unlocked()
-            result = mutate(cp)
-            self._save_unlocked(cp)
-            return result
+        """Run `mutate` on the current checkpoint and make the result durable before returning.
+
+        Mutations run one at a time, in arrival order, each on the state the previous ones left. A
+        mutation that raises changes nothing and its caller gets the exception; a failed write fails
+        every caller of its batch. Called from inside a mutation, it runs at once on the checkpoint
+        being built and becomes durable with the outer mutation's batch.
+        """
+        building: Checkpoint | None = getattr(self._local, "building", None)
+        if building is not None:
+            return mutate(building)
+        write: _Write[_T] = _Write(mutate)
+        with self._cond:
+            self._queue.append(write)
+            while not write.done and self._writing:
+                self._cond.wait()
+            lead = not write.done
+            if lead:
+                batch, self._queue = self._queue, []
+                self._writing = True
+        if lead:
+            self._lead(batch)
+        if write.error is not None:
+            raise write.error
+        return write.result  # type: ignore[return-value]
+
+    def _lead(self, batch: list[_Write[Any]]) -> None:
+        durable: Checkpoint | None = None
+        file_id: _FileId = None
+        failure: BaseException | None = None
+        try:
+            with self._flocked():
+                with self._cond:
+                    cached = self._durable if self._disk_id() == self._file_id else None
+                base, base_id = (cached, self._file_id) if cached is not None else self._read_disk()
+                work = self._apply(base, batch)
+                if work.claims == base.claims:
+                    durable, file_id = base, base_id  # nothing changed: nothing to make durable
+                else:
+                    durable, file_id = work, self._write_disk(work)
+        except BaseException as exc:
+            failure = exc
+        with self._cond:
+            if failure is None:
+                self._durable, self._file_id = durable, file_id
+                self._generation += 1
+                self.commits += 1
+            else:
+                # The file is the previous one (or a stranger's); reread it, sweeping our temp files.
+                self._durable = None
+                for write in batch:
+                    write.error, write.result = failure, None
+            for write in batch:
+                write.done = True
+            self._writing = False
+            self._cond.notify_all()
+
+    def _apply(self, base: Checkpoint, batch: list[_Write[Any]]) -> Checkpoint:
+        work = _copy(base)
+        self._local.building = work
+        try:
+            for write in batch:
+                before = dict(work.claims)
+                try:
+                    write.result = write.mutate(work)
+                except Exception as exc:  # only this caller's mutation failed; the batch goes on
+                    work.claims.clear()
+                    work.claims.update(before)
+                    write.error = exc
+        finally:
+            self._local.building = None
+        return work
+
+    def save(self, cp: Checkpoint) -> None:
+        if cp.boot_id != self.boot_id:
+            raise ValueError(f"checkpoint boot id {cp.boot_id!r} is not this boot's {self.boot_id!r}")
+        claims = dict(cp.claims)
+
+        def _replace(current: Checkpoint) -> None:
+            current.claims.clear()
+            current.claims.update(claims)
+
+        self.update(_replace)
+
+    def queued(self) -> int:
+        """Updates waiting for the next batch (for tests and benchmarks)."""
+        with self._cond:
+            return len(self._queue)
 
     # --- typed helpers ---
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from driver import cdi
 from driver.nvml.types import GpuInstance, NvmlError, NvmlErrorCode
-from kubeletplugin.checkpoint_model import PreparedDeviceRecord
+from kubeletplugin.checkpoint_model import ClaimCheckpoint, PreparedDeviceRecord
 from kubeletplugin.crashpoints import Crashpoints
 from kubeletplugin.nvmlops import GONE_CODES, NvmlOps
 
@@ -46,6 +47,16 @@ def check_shared_gpu(ops: NvmlOps, rec: PreparedDeviceRecord) -> None:
             f" flexmig does not change MIG mode on hami-core nodes: disable MIG (nvidia-smi -i"
             f" {rec.gpu_index} -mig 0, plus a GPU reset where the GPU needs one)"
         )
+
+
+@dataclass(frozen=True, slots=True)
+class RealisedClaim:
+    """A claim whose instances exist and are recorded (PrepareStarted); CDI spec and completion next."""
+
+    started: ClaimCheckpoint  # the PrepareStarted entry as first written (the store has the ids too)
+    devices: tuple[PreparedDeviceRecord, ...]  # as they will be completed (with CDI ids)
+    cdi_devices: tuple[cdi.PreparedDevice, ...]
+    spec_edits: dict[str, object] | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,20 +4,24 @@ Per claim, prepare is (design.md, "Node side"):
 
   fetch the claim, check its UID, keep results of driver `gpu.flexmig.dev` in this node's pool
   -> look each device name up in the inventory (never choose a placement here)
-  -> under the locks of the claim's GPUs (index order):
+  -> (the whole call holds the claim's lock: claimlocks.working_on) under the claim's GPUs' locks:
        PrepareCompleted in the checkpoint? return it (idempotent);
        a stale PrepareStarted? roll it back first;
        check every allocated placement is free, then checkpoint PrepareStarted (ownership intent,
-       see prepare_steps) -> MIG mode -> GI + full CI per MIG device -> CDI spec (atomic)
-       -> PrepareCompleted with the realised identities (one write)
+       see prepare_steps) -> MIG mode -> GI + full CI per MIG device, their ids recorded
+     then, with the GPU locks released (other claims on those GPUs go ahead: the entry already
+     fences our placements off, and the instances are recorded as ours):
+       CDI spec (atomic) -> PrepareCompleted with the realised identities (one write);
+       a failure here takes the GPU locks again to roll back
   -> claim status.devices + the pods' HAMi mirror (outside the GPU locks; a failure is this claim's
      error and the retry re-attempts just the write).
 
 A HAMi-core shared GPU (`gpu-<i>-shared`, hami-core nodes) creates nothing through NVML and never
 touches MIG mode: see prepare_shared.
 
-Claims on different GPUs run in parallel (within one call and across calls); one claim's failure
-never fails another. Unprepare destroys CI then GI (gone = success, IN_USE = the claim's error so
+Nothing is serialised node-wide: claims on different GPUs run in parallel (within one call and across
+calls), each GPU admits one claim at a time, and the checkpoint writes of all claims in flight share
+fsyncs (checkpoint's group commit). One claim's failure never fails another. Unprepare destroys CI then GI (gone = success, IN_USE = the claim's error so
 kubelet retries), removes the CDI spec and the checkpoint entry; an unknown claim succeeds.
 """
 
@@ -52,6 +56,7 @@ from kubeletplugin.overlap import DeviceOverlap, SharedLimits, check_no_overlap
 from kubeletplugin.prepare_shared import shared_cdi_devices, shared_usage
 from kubeletplugin.prepare_steps import (
     PlacementBusy,
+    RealisedClaim,
     SharedGpuUnavailable,
     check_placement_free,
     check_shared_gpu,
@@ -67,6 +72,11 @@ _MAX_PARALLEL_CLAIMS = 8
 
 class ClaimError(Exception):
     """A claim cannot be prepared/unprepared; the message is what kubelet shows in the pod's events."""
+
+
+# What fails one claim's prepare with a message of its own (anything else is logged with a traceback).
+_PREPARE_FAILURES: tuple[type[Exception], ...] = (ClaimError, DeviceOverlap, NvmlError, MigModeError)
+_PREPARE_FAILURES += (PlacementBusy, SharedGpuUnavailable, ApiException, OSError, ValueError)
 
 
 def _describe(exc: BaseException) -> str:
@@ -138,17 +148,7 @@ class Preparer:
         try:
             with self.locks.working_on(ref.uid):
                 result = PrepareResult(devices=self._prepare_one(ref))
-        except (
-            ClaimError,
-            DeviceOverlap,
-            NvmlError,
-            MigModeError,
-            PlacementBusy,
-            SharedGpuUnavailable,
-            ApiException,
-            OSError,
-            ValueError,
-        ) as exc:
+        except _PREPARE_FAILURES as exc:
             log.error(
                 "prepare failed", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid, error=_describe(exc)
             )
@@ -191,7 +191,8 @@ class Preparer:
         previous = self._store.get_claim(ref.uid)
         stale_gpus = [d.gpu_index for d in previous.devices] if previous is not None else []
         with self.gpu_locks([r.gpu_index for r in records] + stale_gpus):
-            entry = self._prepare_locked(ref, view, records)
+            made = self._prepare_locked(ref, view, records)
+        entry = made if isinstance(made, ClaimCheckpoint) else self._finish(made)
         self._status.write(view, entry)
         return [
             PreparedDevice(
@@ -205,7 +206,8 @@ class Preparer:
 
     def _prepare_locked(
         self, ref: ClaimRef, view: ClaimView, records: list[PreparedDeviceRecord]
-    ) -> ClaimCheckpoint:
+    ) -> ClaimCheckpoint | RealisedClaim:
+        """Under the GPU locks: the completed entry when already prepared, else the realised claim."""
         checkpoint = self._store.load()
         existing = checkpoint.claims.get(ref.uid)
         wanted = [(r.device_name, r.shares) for r in records]
@@ -234,18 +236,22 @@ class Preparer:
         try:
             return self._realise(started)
         except BaseException:
-            try:
-                # The stored entry holds the ids NVML returned; never look for "ours" by placement.
-                self.rollback(self._store.get_claim(started.uid) or started)
-            except (NvmlError, OSError) as exc:
-                log.error(
-                    "rollback after a failed prepare failed; retried on the next attempt",
-                    uid=ref.uid,
-                    error=str(exc),
-                )
+            self._rollback_failed(started)
             raise
 
-    def _realise(self, started: ClaimCheckpoint) -> ClaimCheckpoint:
+    def _rollback_failed(self, started: ClaimCheckpoint) -> None:
+        """Undo a prepare that failed; the caller holds the GPU locks and re-raises the failure."""
+        try:
+            # The stored entry holds the ids NVML returned; never look for "ours" by placement.
+            self.rollback(self._store.get_claim(started.uid) or started)
+        except (NvmlError, OSError) as exc:
+            log.error(
+                "rollback after a failed prepare failed; retried on the next attempt",
+                uid=started.uid,
+                error=str(exc),
+            )
+
+    def _realise(self, started: ClaimCheckpoint) -> RealisedClaim:
         for index in sorted({d.gpu_index for d in started.devices if d.is_mig}):
             self._migmode.ensure_for_mig(index)
         for index in sorted({d.gpu_index for d in started.devices if not d.is_mig and not d.is_shared}):
@@ -275,17 +281,27 @@ class Preparer:
                     rec, cdi_device_ids=(cdi.qualified_device_id(started.uid, rec.device_name),)
                 )
             )
-        self._specs.write(started.uid, cdi_devices, spec_edits)
-        self._crash.reach("after-cdi-write")
-        completed = dataclasses.replace(started, state=ClaimState.PREPARE_COMPLETED, devices=tuple(devices))
-        self._crash.reach("before-checkpoint-commit")
-        self._store.put_claim(completed)
-        self._crash.reach("after-checkpoint-commit")
+        return RealisedClaim(started, tuple(devices), tuple(cdi_devices), spec_edits)
+
+    def _finish(self, made: RealisedClaim) -> ClaimCheckpoint:
+        """CDI spec and PrepareCompleted, without the GPU locks (the claim's lock is held)."""
+        started = made.started
+        try:
+            self._specs.write(started.uid, made.cdi_devices, made.spec_edits)
+            self._crash.reach("after-cdi-write")
+            completed = dataclasses.replace(started, state=ClaimState.PREPARE_COMPLETED, devices=made.devices)
+            self._crash.reach("before-checkpoint-commit")
+            self._store.put_claim(completed)
+            self._crash.reach("after-checkpoint-commit")
+        except BaseException:
+            with self.gpu_locks([d.gpu_index for d in started.devices]):
+                self._rollback_failed(started)
+            raise
         log.info(
             "claim prepared",
             claim=f"{started.namespace}/{started.name}",
             uid=started.uid,
-            devices=[(d.device_name, d.mig_uuid) for d in devices],
+            devices=[(d.device_name, d.mig_uuid) for d in made.devices],
         )
         return completed
 

@@ -1,8 +1,10 @@
 """Test/operator control of the simulator (not part of the pynvml surface).
 
-`init_sim_state` writes a fresh state file; `SimAdmin` changes it the way the outside world would
-(processes starting, GPU resets, reboots, XIDs) or configures latency and faults. Every method is one
-locked transaction, so it is safe to use while plugin processes are calling the simulated library.
+`init_sim_state` writes a fresh state file (`init_memory_sim` builds the same state in memory, the fast
+mode of `driver.nvml.sim.memory`); `SimAdmin` changes it the way the outside world would (processes
+starting, GPU resets, reboots, XIDs) or configures latency and faults. Every method is one locked
+transaction, so it is safe to use while plugin processes (or, in memory, threads) are calling the
+simulated library.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import pynvml
 
 from driver.nvml.sim import rules
 from driver.nvml.sim.hardware import SKUS
+from driver.nvml.sim.memory import MemoryState
 from driver.nvml.sim.state import (
     EventState,
     FaultState,
@@ -79,15 +82,7 @@ class SimSnapshot:
     armed_faults: tuple[tuple[str, int, int], ...]  # (function, absolute call number, code)
 
 
-def init_sim_state(
-    path: str | os.PathLike[str],
-    gpus: Sequence[SimGpuSpec],
-    *,
-    default_latency_s: float = 0.0,
-    overwrite: bool = False,
-    seed: str = "flexmig-sim",
-) -> None:
-    """Create the state file describing `gpus` (no instances, no processes)."""
+def _build_state(gpus: Sequence[SimGpuSpec], default_latency_s: float, seed: str) -> SimState:
     states: list[GpuState] = []
     for index, spec in enumerate(gpus):
         if spec.sku not in SKUS:
@@ -104,8 +99,28 @@ def init_sim_state(
         gpu.mig_off_queries = spec.mig_off_queries.value
         states.append(gpu)
     if default_latency_s < 0:
-        raise ValueError("default_latency_s must be >= 0")
-    StateFile(path).create(SimState(gpus=states, default_latency_s=default_latency_s), overwrite=overwrite)
+        raise ValueError(f"default_latency_s: {default_latency_s} must be >= 0")
+    return SimState(gpus=states, default_latency_s=default_latency_s)
+
+
+def init_sim_state(
+    path: str | os.PathLike[str],
+    gpus: Sequence[SimGpuSpec],
+    *,
+    default_latency_s: float = 0.0,
+    overwrite: bool = False,
+    seed: str = "flexmig-sim",
+) -> None:
+    """Create the state file describing `gpus` (no instances, no processes)."""
+    state = _build_state(gpus, default_latency_s, seed)
+    StateFile(path).create(state, overwrite=overwrite)
+
+
+def init_memory_sim(
+    gpus: Sequence[SimGpuSpec], *, default_latency_s: float = 0.0, seed: str = "flexmig-sim"
+) -> MemoryState:
+    """The same GPUs as `init_sim_state` would write, held in this process only (the fast mode)."""
+    return MemoryState(_build_state(gpus, default_latency_s, seed))
 
 
 def _as_nvml_error(function: str, exc: pynvml.NVMLError) -> NvmlError:
@@ -113,10 +128,12 @@ def _as_nvml_error(function: str, exc: pynvml.NVMLError) -> NvmlError:
 
 
 class SimAdmin:
-    """Out-of-band control of a simulator state file."""
+    """Out-of-band control of a simulator state file, or of an in-memory simulator."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self._store = StateFile(path)
+    def __init__(self, source: str | os.PathLike[str] | MemoryState) -> None:
+        self._store: StateFile | MemoryState = (
+            source if isinstance(source, MemoryState) else StateFile(source)
+        )
 
     def set_latency(self, default_s: float | None = None, **per_function_s: float) -> None:
         """Set the default per-call latency and/or per-function overrides (seconds)."""
@@ -143,6 +160,8 @@ class SimAdmin:
             st.faults.clear()
 
     def call_counts(self) -> dict[str, int]:
+        if isinstance(self._store, MemoryState):
+            return self._store.call_counts()
         return dict(self._store.read().call_counts)
 
     def add_process(self, gpu_index: int, gi_id: int | None, ci_id: int | None, pid: int) -> None:

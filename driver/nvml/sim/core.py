@@ -1,4 +1,8 @@
-"""Plumbing shared by the simulated library: the per-call transaction and handle resolution."""
+"""Plumbing shared by the simulated library: the per-call transaction and handle resolution.
+
+Each call runs either as one locked transaction on the state file (file mode) or on the in-process
+state under its GPU's lock (`MemoryState`, the fast mode); the call sites say which GPU they address.
+"""
 
 from __future__ import annotations
 
@@ -11,23 +15,43 @@ import pynvml
 
 from driver.nvml.sim import rules
 from driver.nvml.sim.handles import HandleRef, Kind, make, out_param, parse
+from driver.nvml.sim.memory import MemoryState
 from driver.nvml.sim.state import CiState, GiState, GpuState, SimState, StateFile
 
 T = TypeVar("T")
 
 
 class LibraryCore:
-    """Runs each simulated call as one locked transaction on the state file."""
+    """Runs each simulated call as one locked transaction on the state file, or on a `MemoryState`."""
 
-    def __init__(self, path: str) -> None:
-        self._store = StateFile(path)
+    def __init__(self, source: str | MemoryState) -> None:
+        self._memory = source if isinstance(source, MemoryState) else None
+        self._store = StateFile(source) if isinstance(source, str) else None
         self._init_count = 0
 
     # -- plumbing -----------------------------------------------------------------------------------
 
-    def _invoke(self, name: str, op: Callable[[SimState], T], *, needs_init: bool = True) -> T:
+    @staticmethod
+    def _gpu_of(on: Any) -> int | None:
+        """The GPU index an index or handle addresses; None for none or an undecodable handle (the
+        call then fails the same way in both modes, inside `op`)."""
+        if on is None or isinstance(on, int):
+            return on
+        try:
+            ref = parse(on, Kind.DEVICE, Kind.GPU_INSTANCE, Kind.COMPUTE_INSTANCE, Kind.MIG_DEVICE)
+        except pynvml.NVMLError:
+            return None
+        return ref.gpu
+
+    def _invoke(
+        self, name: str, op: Callable[[SimState], T], *, needs_init: bool = True, on: Any = None
+    ) -> T:
+        """Run simulated call `name`; `on` is the GPU index or handle it addresses, if any."""
         if needs_init and self._init_count == 0:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
+        if self._memory is not None:
+            return self._memory.call(name, op, self._gpu_of(on))
+        assert self._store is not None
         if not self._store.exists():
             raise pynvml.NVMLError(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
         error: pynvml.NVMLError | None = None

@@ -15,6 +15,7 @@ import pynvml
 from driver.nvml.sim import rules
 from driver.nvml.sim.core import LibraryCore
 from driver.nvml.sim.handles import HandleRef, Kind, make, parse
+from driver.nvml.sim.memory import MemoryState
 from driver.nvml.sim.state import EventState, SimState
 
 SUPPORTED_EVENT_TYPES = (
@@ -27,8 +28,8 @@ _ANY = 0xFFFFFFFF
 
 
 class EventMixin(LibraryCore):
-    def __init__(self, path: str) -> None:
-        super().__init__(path)
+    def __init__(self, source: str | MemoryState) -> None:
+        super().__init__(source)
         self._event_sets: dict[int, dict[int, int]] = {}  # set serial -> {gpu index: event mask}
         self._next_event_set = 1
 
@@ -59,7 +60,7 @@ class EventMixin(LibraryCore):
             self._device(st, handle)
             return int(SUPPORTED_EVENT_TYPES)
 
-        return self._invoke("nvmlDeviceGetSupportedEventTypes", op)
+        return self._invoke("nvmlDeviceGetSupportedEventTypes", op, on=handle)
 
     def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: Any) -> None:
         def op(st: SimState) -> None:
@@ -69,13 +70,16 @@ class EventMixin(LibraryCore):
                 rules.fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
             registry[index] = registry.get(index, 0) | eventTypes
 
-        self._invoke("nvmlDeviceRegisterEvents", op)
+        self._invoke("nvmlDeviceRegisterEvents", op, on=handle)
 
     @staticmethod
     def _match(events: list[EventState], registry: dict[int, int]) -> EventState | None:
         return next((e for e in events if registry.get(e.gpu_index, 0) & e.event_type), None)
 
     def _pop_event(self, registry: dict[int, int]) -> EventState | None:
+        if self._memory is not None:
+            return self._memory.pop_event(lambda events: self._match(events, registry))
+        assert self._store is not None
         # Peek without writing (cheap); only take the lock for writing when there is something to take.
         if self._match(self._store.read().events, registry) is None:
             return None

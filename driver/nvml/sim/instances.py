@@ -44,7 +44,7 @@ class InstanceMixin(EventMixin):
             info.sharedJpegCount, info.sharedOfaCount = gi_row.jpeg, gi_row.ofa
             return info
 
-        return self._invoke("nvmlGpuInstanceGetComputeInstanceProfileInfo", op)
+        return self._invoke("nvmlGpuInstanceGetComputeInstanceProfileInfo", op, on=device)
 
     nvmlGpuInstanceGetComputeInstanceProfileInfoV = nvmlGpuInstanceGetComputeInstanceProfileInfo
 
@@ -53,7 +53,7 @@ class InstanceMixin(EventMixin):
             index, gpu, gi = self._gpu_instance(st, gpu_instance)
             return self._ci_handle(index, gi, rules.create_ci(st, gpu, gi, profile_id, start))
 
-        return self._invoke(name, op)
+        return self._invoke(name, op, on=gpu_instance)
 
     def nvmlGpuInstanceCreateComputeInstance(self, gpuInstance: Any, profileId: int) -> Any:
         return self._create_ci("nvmlGpuInstanceCreateComputeInstance", gpuInstance, profileId, None)
@@ -74,7 +74,7 @@ class InstanceMixin(EventMixin):
             rules.destroy_ci(gpu, gi, ci)
             return int(pynvml.NVML_SUCCESS)
 
-        return self._invoke("nvmlComputeInstanceDestroy", op)
+        return self._invoke("nvmlComputeInstanceDestroy", op, on=computeInstance)
 
     def nvmlGpuInstanceGetComputeInstances(
         self, gpuInstance: Any, profileId: int, computeInstancesRef: Any, countRef: Any
@@ -89,14 +89,14 @@ class InstanceMixin(EventMixin):
             self._fill_array(computeInstancesRef, countRef, items, row.max_instances)
             return int(pynvml.NVML_SUCCESS)
 
-        return self._invoke("nvmlGpuInstanceGetComputeInstances", op)
+        return self._invoke("nvmlGpuInstanceGetComputeInstances", op, on=gpuInstance)
 
     def nvmlGpuInstanceGetComputeInstanceById(self, gpuInstance: Any, computeInstanceId: int) -> Any:
         def op(st: SimState) -> Any:
             index, _, gi = self._gpu_instance(st, gpuInstance)
             return self._ci_handle(index, gi, rules.find_ci(gi, computeInstanceId))
 
-        return self._invoke("nvmlGpuInstanceGetComputeInstanceById", op)
+        return self._invoke("nvmlGpuInstanceGetComputeInstanceById", op, on=gpuInstance)
 
     def nvmlComputeInstanceGetInfo(self, computeInstance: Any) -> Any:
         def op(st: SimState) -> Any:
@@ -108,7 +108,7 @@ class InstanceMixin(EventMixin):
             info.placement.start, info.placement.size = ci.start, ci.size
             return info
 
-        return self._invoke("nvmlComputeInstanceGetInfo", op)
+        return self._invoke("nvmlComputeInstanceGetInfo", op, on=computeInstance)
 
     nvmlComputeInstanceGetInfo_v2 = nvmlComputeInstanceGetInfo
 
@@ -119,7 +119,7 @@ class InstanceMixin(EventMixin):
             gpu = self._device(st, device)[1]
             return rules.sku_of(gpu).compute_slices if gpu.mig_current else 0
 
-        return self._invoke("nvmlDeviceGetMaxMigDeviceCount", op)
+        return self._invoke("nvmlDeviceGetMaxMigDeviceCount", op, on=device)
 
     def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Any, index: int) -> Any:
         def op(st: SimState) -> Any:
@@ -133,14 +133,14 @@ class InstanceMixin(EventMixin):
             gi, ci = devices[index]
             return self._mig_handle(gpu_index, gi, ci)
 
-        return self._invoke("nvmlDeviceGetMigDeviceHandleByIndex", op)
+        return self._invoke("nvmlDeviceGetMigDeviceHandleByIndex", op, on=device)
 
     def nvmlDeviceIsMigDeviceHandle(self, device: Any) -> Any:
         def op(st: SimState) -> Any:
             # pynvml returns the c_uint itself, not its value.
             return ctypes.c_uint(int(parse(device, Kind.DEVICE, Kind.MIG_DEVICE).kind is Kind.MIG_DEVICE))
 
-        return self._invoke("nvmlDeviceIsMigDeviceHandle", op)
+        return self._invoke("nvmlDeviceIsMigDeviceHandle", op, on=device)
 
     def nvmlDeviceGetGpuInstanceId(self, device: Any) -> int:
         def op(st: SimState) -> int:
@@ -148,7 +148,7 @@ class InstanceMixin(EventMixin):
                 rules.fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
             return self._mig_or_ci(st, device, Kind.MIG_DEVICE)[2].id
 
-        return self._invoke("nvmlDeviceGetGpuInstanceId", op)
+        return self._invoke("nvmlDeviceGetGpuInstanceId", op, on=device)
 
     def nvmlDeviceGetComputeInstanceId(self, device: Any) -> int:
         def op(st: SimState) -> int:
@@ -156,14 +156,14 @@ class InstanceMixin(EventMixin):
                 rules.fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
             return self._mig_or_ci(st, device, Kind.MIG_DEVICE)[3].id
 
-        return self._invoke("nvmlDeviceGetComputeInstanceId", op)
+        return self._invoke("nvmlDeviceGetComputeInstanceId", op, on=device)
 
     def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, migDevice: Any) -> Any:
         def op(st: SimState) -> Any:
             index = self._mig_or_ci(st, migDevice, Kind.MIG_DEVICE)[0]
             return make(HandleRef(Kind.DEVICE, index))
 
-        return self._invoke("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", op)
+        return self._invoke("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", op, on=migDevice)
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
         def op(st: SimState) -> list[Any]:
@@ -182,6 +182,6 @@ class InstanceMixin(EventMixin):
                 out.append(pynvml.nvmlStructToFriendlyObject(info))
             return out
 
-        return self._invoke("nvmlDeviceGetComputeRunningProcesses", op)
+        return self._invoke("nvmlDeviceGetComputeRunningProcesses", op, on=handle)
 
     nvmlDeviceGetComputeRunningProcesses_v3 = nvmlDeviceGetComputeRunningProcesses

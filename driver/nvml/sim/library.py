@@ -1,12 +1,14 @@
-"""`SimulatedNvmlLibrary`: a pynvml-compatible object backed by the simulator state file.
+"""`SimulatedNvmlLibrary`: a pynvml-compatible object backed by the simulator state file (or, in the
+fast mode, by a `MemoryState` in this process: see driver/nvml/sim/memory.py).
 
 It has the same function names, argument conventions (ctypes arrays, `byref` output counts and
 placements), return types (pynvml's own ctypes structs) and errors (`pynvml.NVMLError(code)`, which
 yields the per-code subclass) as the pynvml module, for every function `driver.nvml.port.Nvml` uses.
 Constants and struct classes are forwarded from pynvml. Each call runs as one locked transaction on
-the state file: count the call, apply an armed fault, else apply the hardware rules; a failed call
-leaves the hardware state untouched. The configured latency is slept after the transaction, so a
-process killed during it has had its effect applied without seeing the result, as with a real driver.
+the state file (in memory: under its GPU's lock): count the call, apply an armed fault, else apply the
+hardware rules; a failed call leaves the hardware state untouched. The configured latency is slept
+after the transaction, so a process killed during it has had its effect applied without seeing the
+result, as with a real driver.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ class SimulatedNvmlLibrary(InstanceMixin):
             rules.gpu_at(st, index)
             return make(HandleRef(Kind.DEVICE, index))
 
-        return self._invoke("nvmlDeviceGetHandleByIndex", op)
+        return self._invoke("nvmlDeviceGetHandleByIndex", op, on=index)
 
     def nvmlDeviceGetName(self, handle: Any) -> str:
         def op(st: SimState) -> str:
@@ -72,7 +74,7 @@ class SimulatedNvmlLibrary(InstanceMixin):
             sku = rules.sku_of(gpu)
             return f"{sku.product_name} MIG {rules.gi_row(gpu, gi).name}"
 
-        return self._invoke("nvmlDeviceGetName", op)
+        return self._invoke("nvmlDeviceGetName", op, on=handle)
 
     def nvmlDeviceGetUUID(self, handle: Any) -> str:
         def op(st: SimState) -> str:
@@ -81,7 +83,7 @@ class SimulatedNvmlLibrary(InstanceMixin):
             _, gpu, gi, ci = self._mig_or_ci(st, handle, Kind.MIG_DEVICE)
             return rules.mig_uuid(gpu.uuid, gi.id, ci.id)
 
-        return self._invoke("nvmlDeviceGetUUID", op)
+        return self._invoke("nvmlDeviceGetUUID", op, on=handle)
 
     def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> Any:
         def op(st: SimState) -> Any:
@@ -94,7 +96,7 @@ class SimulatedNvmlLibrary(InstanceMixin):
             mem.total, mem.free, mem.used = mib * _MIB, mib * _MIB, 0
             return mem
 
-        return self._invoke("nvmlDeviceGetMemoryInfo", op)
+        return self._invoke("nvmlDeviceGetMemoryInfo", op, on=handle)
 
     def nvmlDeviceGetPciInfo(self, handle: Any) -> Any:
         def op(st: SimState) -> Any:
@@ -105,25 +107,25 @@ class SimulatedNvmlLibrary(InstanceMixin):
             info.pciDeviceId = (rules.sku_of(gpu).pci_device_id << 16) | 0x10DE  # device << 16 | vendor
             return info
 
-        return self._invoke("nvmlDeviceGetPciInfo", op)
+        return self._invoke("nvmlDeviceGetPciInfo", op, on=handle)
 
     nvmlDeviceGetPciInfo_v3 = nvmlDeviceGetPciInfo
 
     def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
-        return self._invoke("nvmlDeviceGetMinorNumber", lambda st: self._device(st, handle)[0])
+        return self._invoke("nvmlDeviceGetMinorNumber", lambda st: self._device(st, handle)[0], on=handle)
 
     def nvmlDeviceGetArchitecture(self, handle: Any) -> int:
         def op(st: SimState) -> int:
             return int(_ARCH[rules.sku_of(self._device(st, handle)[1]).architecture.value])
 
-        return self._invoke("nvmlDeviceGetArchitecture", op)
+        return self._invoke("nvmlDeviceGetArchitecture", op, on=handle)
 
     def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:
         def op(st: SimState) -> list[int]:
             gpu = self._device(st, handle)[1]
             return [int(gpu.mig_current), int(gpu.mig_pending)]
 
-        return self._invoke("nvmlDeviceGetMigMode", op)
+        return self._invoke("nvmlDeviceGetMigMode", op, on=handle)
 
     def nvmlDeviceSetMigMode(self, handle: Any, mode: int) -> int:
         def op(st: SimState) -> int:
@@ -131,7 +133,7 @@ class SimulatedNvmlLibrary(InstanceMixin):
                 rules.fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
             return rules.set_mig_mode(self._device(st, handle)[1], mode == pynvml.NVML_DEVICE_MIG_ENABLE)
 
-        return self._invoke("nvmlDeviceSetMigMode", op)
+        return self._invoke("nvmlDeviceSetMigMode", op, on=handle)
 
     # -- GPU instances ------------------------------------------------------------------------------
 
@@ -163,7 +165,7 @@ class SimulatedNvmlLibrary(InstanceMixin):
                 rules.fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
             return self._gi_info_struct(row, version)
 
-        return self._invoke("nvmlDeviceGetGpuInstanceProfileInfo", op)
+        return self._invoke("nvmlDeviceGetGpuInstanceProfileInfo", op, on=device)
 
     nvmlDeviceGetGpuInstanceProfileInfoV = nvmlDeviceGetGpuInstanceProfileInfo
 
@@ -173,7 +175,7 @@ class SimulatedNvmlLibrary(InstanceMixin):
             rules.require_mig_query(gpu)
             return self._gi_info_struct(rules.profile_by_id(gpu, profileId), 2)
 
-        return self._invoke("nvmlDeviceGetGpuInstanceProfileInfoById", op)
+        return self._invoke("nvmlDeviceGetGpuInstanceProfileInfoById", op, on=device)
 
     nvmlDeviceGetGpuInstanceProfileInfoByIdV = nvmlDeviceGetGpuInstanceProfileInfoById
 
@@ -196,7 +198,7 @@ class SimulatedNvmlLibrary(InstanceMixin):
             self._fill_array(placementsRef, countRef, items, len(items))
             return int(pynvml.NVML_SUCCESS)
 
-        return self._invoke("nvmlDeviceGetGpuInstancePossiblePlacements", op)
+        return self._invoke("nvmlDeviceGetGpuInstancePossiblePlacements", op, on=device)
 
     def nvmlDeviceGetGpuInstanceRemainingCapacity(self, device: Any, profileId: int) -> int:
         def op(st: SimState) -> int:
@@ -204,14 +206,14 @@ class SimulatedNvmlLibrary(InstanceMixin):
             rules.require_mig_on(gpu)
             return rules.remaining_capacity(gpu, rules.profile_by_id(gpu, profileId))
 
-        return self._invoke("nvmlDeviceGetGpuInstanceRemainingCapacity", op)
+        return self._invoke("nvmlDeviceGetGpuInstanceRemainingCapacity", op, on=device)
 
     def _create_gi(self, name: str, device: Any, profile_id: int, start: int | None) -> Any:
         def op(st: SimState) -> Any:
             index, gpu = self._device(st, device)
             return self._gi_handle(index, rules.create_gi(st, gpu, profile_id, start))
 
-        return self._invoke(name, op)
+        return self._invoke(name, op, on=device)
 
     def nvmlDeviceCreateGpuInstance(self, device: Any, profileId: int) -> Any:
         return self._create_gi("nvmlDeviceCreateGpuInstance", device, profileId, None)
@@ -231,7 +233,7 @@ class SimulatedNvmlLibrary(InstanceMixin):
             rules.destroy_gi(gpu, gi)
             return int(pynvml.NVML_SUCCESS)
 
-        return self._invoke("nvmlGpuInstanceDestroy", op)
+        return self._invoke("nvmlGpuInstanceDestroy", op, on=gpuInstance)
 
     def nvmlDeviceGetGpuInstances(
         self, device: Any, profileId: int, gpuInstancesRef: Any, countRef: Any
@@ -244,7 +246,7 @@ class SimulatedNvmlLibrary(InstanceMixin):
             self._fill_array(gpuInstancesRef, countRef, items, row.max_instances)
             return int(pynvml.NVML_SUCCESS)
 
-        return self._invoke("nvmlDeviceGetGpuInstances", op)
+        return self._invoke("nvmlDeviceGetGpuInstances", op, on=device)
 
     def nvmlDeviceGetGpuInstanceById(self, device: Any, gpuInstanceId: int) -> Any:
         def op(st: SimState) -> Any:
@@ -252,7 +254,7 @@ class SimulatedNvmlLibrary(InstanceMixin):
             rules.require_mig_on(gpu)
             return self._gi_handle(index, rules.find_gi(gpu, gpuInstanceId))
 
-        return self._invoke("nvmlDeviceGetGpuInstanceById", op)
+        return self._invoke("nvmlDeviceGetGpuInstanceById", op, on=device)
 
     def nvmlGpuInstanceGetInfo(self, gpuInstance: Any) -> Any:
         def op(st: SimState) -> Any:
@@ -263,4 +265,4 @@ class SimulatedNvmlLibrary(InstanceMixin):
             info.placement.start, info.placement.size = gi.start, gi.size
             return info
 
-        return self._invoke("nvmlGpuInstanceGetInfo", op)
+        return self._invoke("nvmlGpuInstanceGetInfo", op, on=gpuInstance)

@@ -13,11 +13,12 @@ import fcntl
 import json
 import os
 import tempfile
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field, is_dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 SCHEMA_VERSION = 1
 
@@ -98,11 +99,14 @@ class SimState:
     faults: list[FaultState] = field(default_factory=list)
     call_counts: dict[str, int] = field(default_factory=dict)
     events: list[EventState] = field(default_factory=list)
+    # The in-memory mode creates instances on several GPUs at once; serials must stay unique.
+    _serial_lock: ClassVar[threading.Lock] = threading.Lock()
 
     def new_serial(self) -> int:
-        serial = self.next_serial
-        self.next_serial += 1
-        return serial
+        with self._serial_lock:
+            serial = self.next_serial
+            self.next_serial += 1
+            return serial
 
     def latency_for(self, function: str) -> float:
         return self.latency_s.get(function, self.default_latency_s)

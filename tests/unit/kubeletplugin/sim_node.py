@@ -17,7 +17,7 @@ from api.constants import DRIVER_NAME
 from driver.catalog.discover import discover_all
 from driver.hamicore import HamiCorePaths
 from driver.nvml.port import Nvml
-from driver.nvml.sim import SimAdmin, SimGpuSpec, init_sim_state, open_sim
+from driver.nvml.sim import MemoryState, SimAdmin, SimGpuSpec, init_sim_state, open_sim
 from kubeletplugin.checkpoint import CheckpointStore
 from kubeletplugin.crashpoints import Crashpoints
 from kubeletplugin.hamicoresupport import HamiCoreSupport
@@ -94,12 +94,15 @@ def make_node(
     hami_library: bool | None = None,
     split_count: int | None = None,
     ops_factory: Callable[[Nvml, NodeMetrics], NvmlOps] = NvmlOps,
+    memory: bool = False,
 ) -> SimNode:
     """A node of simulated `specs`; with HAMi-core support unless `hami_library` is None, the library
-    file present when it is True. The caller closes `preparer`."""
+    file present when it is True; on the in-memory simulator when `memory`. The caller closes
+    `preparer`."""
     state = tmp_path / "sim.json"
     init_sim_state(state, specs)
-    nvml = open_sim(state)
+    source: Path | MemoryState = MemoryState.from_file(state) if memory else state
+    nvml = open_sim(source)
     nvml.init()
     metrics = NodeMetrics()
     ops = ops_factory(nvml, metrics)
@@ -129,5 +132,5 @@ def make_node(
         shared_split_count=split_count,
     )
     return SimNode(
-        nvml, SimAdmin(state), api, store, metrics, preparer, paths, tmp_path / "cdi", migmode, ops, hami
+        nvml, SimAdmin(source), api, store, metrics, preparer, paths, tmp_path / "cdi", migmode, ops, hami
     )

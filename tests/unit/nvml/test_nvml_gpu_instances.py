@@ -11,6 +11,12 @@ P_1G, P_1G_ME, P_1G_2X, P_2G, P_3G, P_4G, P_7G = 19, 20, 15, 14, 9, 5, 0
 ERR = NvmlErrorCode
 
 
+@pytest.fixture(params=["file", "memory"])
+def sim_mode(request: pytest.FixtureRequest) -> str:
+    """Every test here runs on both simulator modes: the in-memory one must follow the same rules."""
+    return str(request.param)
+
+
 def _code(exc: pytest.ExceptionInfo[NvmlError]) -> NvmlErrorCode:
     return exc.value.code
 

@@ -8,6 +8,12 @@ from driver.nvml.types import MigMode, NvmlError, NvmlErrorCode
 from tests.unit.nvml.conftest import SimFactory
 
 
+@pytest.fixture(params=["file", "memory"])
+def sim_mode(request: pytest.FixtureRequest) -> str:
+    """Every test here runs on both simulator modes: the in-memory one must follow the same rules."""
+    return str(request.param)
+
+
 def test_ampere_mode_is_pending_until_reset(make_sim: SimFactory) -> None:
     nvml, admin, _ = make_sim("A100-40GB", mig_enabled=False)
     assert nvml.mig_mode(0) == MigMode(current=False, pending=False)
