@@ -1,17 +1,28 @@
-"""`flexmig simulate`: a simulated cluster, a stream of pods, flexmig's policy against first fit."""
+"""`flexmig simulate`: a simulated cluster, a stream of pods, flexmig's policy against references.
+
+References: first fit (what kube-scheduler gives NVIDIA's driver), HAMi's heuristic
+(driver/policy/hami.py) and the repacking bound (driver/policy/bound.py; flexmig/simulation/bound_run.py).
+Progress goes to stderr; stdout carries the summary and tables, or the `--json` document only.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from pathlib import Path
 
 from driver.nvml.sim import SKUS
 from driver.policy.allocator import FirstFitPolicy, PackingPolicy, Policy
-from flexmig.simulation import report, runner, workload
+from driver.policy.hami import HamiPolicy
+from flexmig.simulation import bound_run, export, html_report, report, runner, workload
 
-_POLICIES: dict[str, type[PackingPolicy] | type[FirstFitPolicy]] = {
+_POLICIES: dict[str, type[PackingPolicy] | type[FirstFitPolicy] | type[HamiPolicy]] = {
     "flexmig": PackingPolicy,
     "first-fit": FirstFitPolicy,
+    "hami": HamiPolicy,
 }
+_CHOICES = [*_POLICIES, bound_run.BOUND_NAME]
 DEFAULT_MODELS = "A100-40GB,H100-80GB,A100-80GB,H200-141GB"
 
 
@@ -22,7 +33,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description=(
             "Builds simulated nodes (NVML simulator), sends a deterministic stream of pods asking for "
             "MIG memory, places them with each policy, creates and destroys every GPU/compute instance "
-            "through NVML, and prints acceptance, fragmentation and decision latency."
+            "through NVML, and prints a plain summary, acceptance against the repacking bound, "
+            "fragmentation and decision latency."
         ),
     )
     parser.add_argument("--nodes", type=int, default=6, help="simulated nodes (default 6)")
@@ -36,10 +48,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--seed", type=int, default=1, help="workload seed (default 1)")
     parser.add_argument(
         "--policy",
-        default="flexmig,first-fit",
-        help="comma-separated policies to compare: flexmig, first-fit (default both)",
+        default=",".join(_CHOICES),
+        help=f"comma-separated policies to compare: {', '.join(_CHOICES)} (default all)",
     )
-    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help=f"print only a JSON document ({export.SCHEMA}, keys in flexmig/simulation/export.py)",
+    )
+    parser.add_argument(
+        "--report",
+        metavar="DIR",
+        type=Path,
+        help="also write DIR/index.html (plots, self-contained) and DIR/simulate.json",
+    )
     parser.set_defaults(func=run)
 
 
@@ -56,7 +79,7 @@ def _parse_list(value: str, field: str, allowed: list[str]) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     try:
         models = _parse_list(args.models, "models", list(SKUS))
-        policy_names = _parse_list(args.policy, "policy", list(_POLICIES))
+        policy_names = _parse_list(args.policy, "policy", _CHOICES)
         for field, value in (("nodes", args.nodes), ("gpus-per-node", args.gpus_per_node)):
             if value < 1:
                 raise ValueError(f"--{field}: must be >= 1, got {value}")
@@ -69,10 +92,37 @@ def run(args: argparse.Namespace) -> int:
         for i in range(args.nodes)
     ]
     progress = None if args.quiet else runner.stderr_progress
-    policies: list[Policy] = [_POLICIES[name]() for name in policy_names]
-    results = [runner.run(policy, nodes, pods, progress=progress) for policy in policies]
-    layout = ", ".join(f"{n.name}: {len(n.skus)}x {n.skus[0]}" for n in nodes)
-    print(f"cluster: {layout}")
-    print(f"workload: {len(pods)} pods (seed {args.seed}), every placement created and destroyed via NVML\n")
+    results: list[runner.RunResult] = []
+    # The bound runs last so that its row closes the table.
+    for name in sorted(policy_names, key=lambda n: n == bound_run.BOUND_NAME):
+        if name == bound_run.BOUND_NAME:
+            results.append(bound_run.run_bound(nodes, pods, progress=progress))
+        else:
+            policy: Policy = _POLICIES[name]()
+            results.append(runner.run(policy, nodes, pods, progress=progress))
+    memory_slices = runner.memory_slices(nodes)
+    document = export.document(nodes, args.seed, memory_slices, results)
+    text = report.summary(nodes, len(pods), args.seed, results)
+    if args.report is not None:
+        try:
+            written = html_report.write(args.report, document, text)
+        except OSError as exc:
+            print(f"flexmig simulate: --report: cannot write to {args.report}: {exc}", file=sys.stderr)
+            return 2
+        if progress is not None:
+            progress(f"report: {', '.join(str(p) for p in written)}")
+    if args.json:
+        print(json.dumps(document, indent=2))
+        return 0
+    print(text)
+    print()
     print(report.render(results))
+    print()
+    print("Refused per request size (share of the pods of that size):")
+    print(report.render_sizes(results))
+    print()
+    print(
+        "Every placement was created and destroyed through NVML (simulator); the bound is not a policy:\n"
+        "it may move running slices at each arrival, so no real rule can accept much more."
+    )
     return 0

@@ -1,7 +1,8 @@
 """Run a pod stream through an allocation policy on simulated GPUs, realising every decision in NVML.
 
-Each simulated node has its own simulator state file, and every placement the policy picks is
-created for real through the NVML port (GPU instance at the chosen placement, then a full compute
+Each simulated node has its own in-memory NVML simulator (the simulator's fast mode: same hardware
+rules as the state-file mode, without a file transaction per call), and every placement the policy
+picks is created for real through the NVML port (GPU instance at the chosen placement, then a full compute
 instance) and destroyed when the pod leaves. So the run proves the decisions are legal on the
 simulated hardware, not only in the policy's own model.
 """
@@ -10,17 +11,15 @@ from __future__ import annotations
 
 import heapq
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from driver.catalog.allowlist import DEFAULT_MIG_PROFILE_ALLOWLIST
 from driver.catalog.discover import discover_all
 from driver.nvml.port import Nvml
-from driver.nvml.sim import SimGpuSpec, init_sim_state, open_sim
+from driver.nvml.sim import SimGpuSpec, init_memory_sim, open_sim
 from driver.placement.fragmentation import fragmentation
 from driver.placement.occupancy import Occupancy
 from driver.policy.allocator import Policy
@@ -52,6 +51,8 @@ class RunResult:
     fragmentation_samples: list[float] = field(default_factory=list)
     busy_gpu_samples: list[int] = field(default_factory=list)
     allocated_memory_samples: list[float] = field(default_factory=list)  # share of MIG memory in use
+    asked_mib: int = 0  # memory asked by all pods (MiB, every device counted)
+    accepted_mib: int = 0  # of which the placed pods'
     asked_by_size: Counter[int] = field(default_factory=Counter)  # pods per memory size (MiB)
     refused_by_size: Counter[int] = field(default_factory=Counter)
     timeline: list[tuple[float, float, float]] = field(
@@ -67,17 +68,20 @@ class RunResult:
     def acceptance(self) -> float:
         return self.accepted / self.pods if self.pods else 0.0
 
+    @property
+    def memory_acceptance(self) -> float:
+        """Share of the asked memory that was placed: big refused pods weigh more than small ones."""
+        return self.accepted_mib / self.asked_mib if self.asked_mib else 0.0
+
 
 class SimulatedCluster:
     """Nodes of simulated GPUs, each behind its own NVML port, as the node agents would see them."""
 
-    def __init__(self, nodes: Sequence[NodeSpec], state_dir: Path) -> None:
+    def __init__(self, nodes: Sequence[NodeSpec]) -> None:
         self.ports: dict[str, Nvml] = {}
         gpus: list[GpuState] = []
         for node in nodes:
-            path = state_dir / f"{node.name}.json"
-            init_sim_state(path, [SimGpuSpec(sku=s) for s in node.skus], seed=node.name, overwrite=True)
-            nvml = open_sim(path)
+            nvml = open_sim(init_memory_sim([SimGpuSpec(sku=s) for s in node.skus], seed=node.name))
             nvml.init()
             self.ports[node.name] = nvml
             for catalog in discover_all(nvml, DEFAULT_MIG_PROFILE_ALLOWLIST):
@@ -117,12 +121,11 @@ def run(
     progress: Callable[[str], None] | None = None,
 ) -> RunResult:
     result = RunResult(policy=policy.name)
-    with tempfile.TemporaryDirectory(prefix="flexmig-sim-") as tmp:
-        cluster = SimulatedCluster(nodes, Path(tmp))
-        try:
-            _run_events(cluster, policy, pods, result, progress)
-        finally:
-            cluster.close()
+    cluster = SimulatedCluster(nodes)
+    try:
+        _run_events(cluster, policy, pods, result, progress)
+    finally:
+        cluster.close()
     return result
 
 
@@ -137,6 +140,7 @@ def _run_events(
     running: dict[str, list[Realized]] = {}
     total_mig_memory = sum(g.catalog.memory_slices for g in cluster.state.gpus()) or 1
     step = max(1, len(pods) // 10)
+    began_run = time.monotonic()
     for n, pod in enumerate(pods, start=1):
         while departures and departures[0][0] <= pod.arrival:
             _, name = heapq.heappop(departures)
@@ -150,7 +154,9 @@ def _run_events(
         result.decision_seconds.append(time.perf_counter() - began)
         result.pods += 1
         result.asked_by_size[pod.memory_mib] += 1
+        result.asked_mib += pod.memory_mib * pod.devices
         if placement.ok:
+            result.accepted_mib += pod.memory_mib * pod.devices
             realized = [cluster.realize(c) for c in placement.choices]
             result.nvml_creates += len(realized)
             cluster.state.commit(placement.choices)
@@ -163,7 +169,10 @@ def _run_events(
         _sample(cluster.state, result, total_mig_memory)
         result.timeline.append((pod.arrival, result.acceptance, result.allocated_memory_samples[-1]))
         if progress is not None and (n % step == 0 or n == len(pods)):
-            progress(f"[{policy.name}] {n}/{len(pods)} pods, {result.accepted} placed")
+            progress(
+                f"[{policy.name}] {n}/{len(pods)} pods, {result.accepted} placed, "
+                f"{time.monotonic() - began_run:.1f} s"
+            )
     result.final_map = slice_map(cluster.state)
     # Let every pod leave, then ask NVML itself whether anything is left behind.
     for realized_list in running.values():
@@ -194,6 +203,13 @@ def slice_map(state: ClusterState) -> list[tuple[str, str, int, list[tuple[str, 
         )
         for g in sorted(state.gpus(), key=lambda g: (g.ref.node, g.ref.gpu_index))
     ]
+
+
+def memory_slices(nodes: Sequence[NodeSpec]) -> int:
+    """MIG memory slices over every GPU of `nodes` (the denominator of "memory in use")."""
+    from driver.catalog.simulated import simulated_catalog
+
+    return sum(simulated_catalog(sku).memory_slices for node in nodes for sku in node.skus)
 
 
 def stderr_progress(line: str) -> None:

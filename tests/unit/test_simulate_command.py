@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import itertools
+import json
+import random
+from pathlib import Path
+
 import pytest
 
+from driver.catalog.simulated import simulated_catalog
 from driver.policy.allocator import FirstFitPolicy, PackingPolicy
+from driver.policy.bound import FitProgram, model_groups
+from driver.policy.model import ShortReason
 from flexmig.cli import main
-from flexmig.simulation import runner, workload
+from flexmig.simulation import fit_highs, runner, workload
+from flexmig.simulation.fit_search import SearchProgram
+
+SMALL = ["simulate", "--nodes", "2", "--pods", "40", "--models", "A100-40GB,H100-80GB"]
 
 
 def test_simulate_prints_a_row_per_policy(capsys: pytest.CaptureFixture[str]) -> None:
@@ -16,10 +27,11 @@ def test_simulate_prints_a_row_per_policy(capsys: pytest.CaptureFixture[str]) ->
     rows = {
         line.split()[0]: line.split()
         for line in out.splitlines()
-        if line.strip().startswith(("flexmig ", "first-fit "))
+        if line.strip().startswith(("flexmig ", "first-fit ", "hami ", "bound "))
     }
-    assert set(rows) == {"flexmig", "first-fit"}
-    assert "node-0: 2x A100-40GB" in out and "node-1: 2x H100-80GB" in out
+    assert set(rows) == {"flexmig", "first-fit", "hami", "bound"}
+    assert "4 GPUs (2x A100-40GB, 2x H100-80GB)" in out
+    assert "below the bound" in out and "Refused per request size" in out
 
 
 @pytest.mark.parametrize(
@@ -51,3 +63,101 @@ def test_every_decision_is_realised_in_nvml_and_nothing_leaks() -> None:
         assert 0 < result.nvml_creates <= devices_placed
         assert result.nvml_destroys == result.nvml_creates
         assert result.leaked_instances == 0
+
+
+def test_json_is_one_document_with_the_documented_schema(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*SMALL, "--json"]) == 0
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)  # stdout holds nothing else
+    assert doc["schema"] == "flexmig.simulate/v1"
+    assert set(doc) == {"schema", "cluster", "workload", "results"}
+    assert doc["cluster"]["gpus"] == 4 and doc["cluster"]["nodes"][1]["gpus"] == ["H100-80GB"] * 2
+    assert doc["workload"]["pods"] == 40 and sum(s["pods"] for s in doc["workload"]["sizes"]) == 40
+    assert [r["policy"] for r in doc["results"]] == ["flexmig", "first-fit", "hami", "bound"]
+    keys = {
+        "policy", "realized", "pods", "accepted", "acceptance", "asked_mib", "accepted_mib",
+        "memory_acceptance", "below_bound", "refused_by_reason", "refused_by_size", "mean_fragmentation",
+        "mean_memory_in_use", "gi_created", "gi_destroyed", "gi_leaked", "decision_ms", "timeline",
+        "final_slice_map",
+    }  # fmt: skip
+    for r in doc["results"]:
+        assert set(r) == keys
+        refused = sum(row["refused"] for row in r["refused_by_size"])
+        assert r["accepted"] + refused == r["pods"] == 40
+        assert 0 <= r["memory_acceptance"] <= 1 and len(r["timeline"]) == 40
+    flexmig, bound = doc["results"][0], doc["results"][-1]
+    assert set(flexmig["refused_by_reason"]) == {reason.value for reason in ShortReason}
+    assert flexmig["gi_leaked"] == 0 and flexmig["gi_created"] == flexmig["gi_destroyed"] > 0
+    assert {g["model"] for g in flexmig["final_slice_map"]} == {"A100-40GB", "H100-80GB"}
+    assert bound["realized"] is False and bound["below_bound"] is None and bound["decision_ms"] is None
+    assert flexmig["below_bound"]["pods"] == pytest.approx(
+        100 * (bound["acceptance"] - flexmig["acceptance"])
+    )
+
+
+def test_progress_goes_to_stderr_only(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*SMALL, "--policy", "flexmig,bound"]) == 0
+    captured = capsys.readouterr()
+    assert "[flexmig] 40/40 pods" in captured.err and "[bound] 40/40 pods" in captured.err
+    assert "40/40" not in captured.out and "[flexmig]" not in captured.out
+    assert main([*SMALL, "--policy", "flexmig", "--quiet"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_report_writes_a_self_contained_page(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "out" / "report"
+    assert main([*SMALL, "--quiet", "--report", str(target)]) == 0
+    page = (target / "index.html").read_text()
+    doc = json.loads((target / "simulate.json").read_text())
+    assert doc["schema"] == "flexmig.simulate/v1"
+    assert page.startswith("<!DOCTYPE html>") and page.count("<svg") >= 3 + 3  # 3 charts, 3 slice maps
+    assert "<script" not in page and "http://" not in page and "https://" not in page
+    for title in ("Pods accepted so far", "GPU memory in use", "Refused pods per request size"):
+        assert title in page
+    for policy in ("flexmig", "first-fit", "hami"):
+        assert f"<h3>{policy}: " in page  # its final slice map
+    assert "<h3>bound: " not in page  # the bound has no slices to show
+    assert "below the bound" in capsys.readouterr().out
+
+
+def test_report_into_a_file_path_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert main([*SMALL, "--quiet", "--policy", "flexmig", "--report", str(blocker)]) == 2
+    assert "--report: cannot write to" in capsys.readouterr().err
+
+
+def _programs() -> list[type[SearchProgram] | type[fit_highs.HighsProgram]]:
+    return [SearchProgram, fit_highs.HighsProgram] if fit_highs.available() else [SearchProgram]
+
+
+@pytest.mark.parametrize("program", _programs())
+def test_fast_fit_programs_agree_with_the_reference_program(
+    program: type[SearchProgram] | type[fit_highs.HighsProgram],
+) -> None:
+    catalogs = [simulated_catalog(s) for s in ("A100-40GB", "A100-40GB", "H100-80GB", "A30-24GB")]
+    groups = model_groups(catalogs)
+    reference, fast = FitProgram(groups), program(groups)
+    sizes = [m for m, _ in workload.DEFAULT_MIX]
+    rng = random.Random(5)
+    answers = set()
+    for count, _ in itertools.product(range(1, 18), range(12)):
+        asked = [rng.choice(sizes) for _ in range(count)]
+        expected = reference.solve(asked) is not None
+        layouts = fast.solve(asked)
+        assert (layouts is not None) == expected, asked
+        answers.add(expected)
+        if layouts is not None:
+            # The witness is real: one layout per GPU, in group order, whose instances cover the asks.
+            assert len(layouts) == len(catalogs)
+            per_gpu = [g.layouts for g in groups for _ in range(g.count)]
+            assert all(
+                not lay or tuple(sorted(lay)) in allowed
+                for lay, allowed in zip(layouts, per_gpu, strict=True)
+            )
+            free = sorted(m for layout in layouts for m in layout)
+            for size in sorted(asked, reverse=True):
+                fit = [m for m in free if m >= size]
+                assert fit, asked
+                free.remove(fit[0])
+    assert answers == {True, False}
