@@ -161,6 +161,10 @@ class WebhookServer:
     def start(self) -> None:
         self._thread.start()
 
+    def alive(self) -> bool:
+        """False once the serving thread has ended without `stop()` (its accept loop raised)."""
+        return self._thread.is_alive()
+
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()

@@ -110,6 +110,7 @@ class WebhookService:
 
     def tick(self) -> None:
         leader = self.is_leader()
+        self._guard("https server", self._revive_server)
         self._guard("certificate", lambda: self._refresh_certificate(leader))
         bundle = self._bundle
         if leader and bundle is not None and self.source.self_generated and self.settings.configuration:
@@ -124,6 +125,20 @@ class WebhookService:
             fn()
         except Exception as exc:  # retried next tick; the webhook keeps serving meanwhile
             log.warning("webhook maintenance step failed", step=step, error=str(exc))
+
+    def _revive_server(self) -> None:
+        # serve_forever ends only on shutdown() or an error in its accept loop; in the second case the
+        # API server's admission calls would fail (failurePolicy) while /healthz stayed 200.
+        server = self.server
+        if server is None or server.alive() or self.stop_event.is_set():
+            return
+        log.error("webhook https server stopped unexpectedly; starting it again", port=server.port)
+        self.serving.clear()
+        try:
+            server.stop()
+        except Exception as exc:  # its socket may already be gone
+            log.warning("closing the stopped webhook server failed", error=str(exc))
+        self.server = None  # _refresh_certificate starts a new one with the current certificate
 
     def _refresh_certificate(self, leader: bool) -> None:
         bundle = self.source.refresh(leader)

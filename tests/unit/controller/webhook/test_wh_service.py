@@ -103,3 +103,27 @@ def test_follower_waits_leader_writes_both_serve(fake_api: FakeApi) -> None:
     finally:
         follower.stop()
         leader.stop()
+
+
+def test_a_server_whose_accept_loop_died_is_started_again(fake_api: FakeApi) -> None:
+    """serve_forever raising (not a stop) must not leave the webhook silent until the pod restarts."""
+    leader = WebhookService(None, SETTINGS, ShimDefaults(), is_leader=lambda: True)
+    try:
+        leader.tick()
+        first = leader.server
+        assert first is not None and first.alive()
+        secret = fake_api.get(secret_path("flexmig-system", "cert"))
+        assert secret is not None
+        ca_pem = base64.b64decode(secret["data"]["ca.crt"])
+
+        first._server.shutdown()  # the accept loop ends the way an exception in it would: thread gone
+        first._thread.join(timeout=5)
+        assert not first.alive()
+
+        leader.tick()
+        second = leader.server
+        assert second is not None and second is not first and second.alive()
+        assert leader.serving.is_set()
+        assert review_pod(second.port, ca_pem)["allowed"] is True
+    finally:
+        leader.stop()
