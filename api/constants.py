@@ -136,10 +136,14 @@ def counter_set_name(gpu_index: int) -> str:
     return _checked(f"gpu-{gpu_index}-counter-set")
 
 
+MEMORY_SLICE_COUNTER_PREFIX = "memory-slice-"
+"""Every memory-slice counter name starts with this; the other counters of a set never do."""
+
+
 def memory_slice_counter_name(slice_index: int) -> str:
     """The counter of one MIG memory slice within a GPU's counter set: memory-slice-<k>."""
     _check_index("slice_index", slice_index)
-    return _checked(f"memory-slice-{slice_index}")
+    return _checked(f"{MEMORY_SLICE_COUNTER_PREFIX}{slice_index}")
 
 
 def _join_mig(gpu_index: int, encoded_profile: str, gi_profile_id: int, start: int) -> str:

@@ -8,7 +8,7 @@ else than it asked for (a typo in `kind` would hand it the whole GPU instead of 
 
 Known types:
 - `gpu.flexmig.dev/v1alpha1` `SharedGpuRequest{memoryPercentage: 1..100}`: a share of a HAMi-core
-  GPU holding that percentage of the GPU's memory (contract C3).
+  GPU holding that percentage of the GPU's memory (contract C3 in docs/architecture.md).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The controller never talks to NVML: everything it knows about a GPU is what the 
 ResourceSlices (kubeletplugin/slices.py). Each MIG device carries its profile, GI profile id, placement
 and capacities, so a GPU's catalog is rebuilt from its devices: a profile's placements are the starts
 published for it on that GPU (the allowlist is already applied by the node), its memory is the
-device's `memory` capacity. Identical GPUs share the same `MigProfile` objects, which keeps the memory
+device's `memory` capacity (names: api/devicecontract.py). Identical GPUs share the same `MigProfile` objects, which keeps the memory
 of a 1000-node inventory small and the policy's capacity memo effective.
 
 Shareable GPUs of hami-core nodes (`gpu-<i>-shared`, allowMultipleAllocations) are kept apart in
@@ -24,7 +24,14 @@ from typing import Any
 
 import structlog
 
-from api.constants import DRIVER_NAME, DeviceKind, parse_device_name
+from api import devicecontract as dc
+from api.constants import (
+    DRIVER_NAME,
+    MEMORY_SLICE_COUNTER_PREFIX,
+    DeviceKind,
+    counter_set_name,
+    parse_device_name,
+)
 from controller.cel import CelDevice
 from controller.quantity import QuantityError, parse_quantity, quantity_mib
 from controller.sharedcap import SharedGpuInfo
@@ -114,7 +121,7 @@ def _cap_int(dev: Mapping[str, Any], key: str) -> int:
     if not isinstance(raw, Mapping):
         return 0
     try:
-        return quantity_mib(raw["value"]) if key == "memory" else int(parse_quantity(raw["value"]))
+        return quantity_mib(raw["value"]) if key == dc.CAP_MEMORY else int(parse_quantity(raw["value"]))
     except (QuantityError, KeyError):
         return 0
 
@@ -185,9 +192,9 @@ class Inventory:
             if parsed.kind is DeviceKind.SHARED:
                 self.shared[dev.gpu] = SharedGpuInfo.parse(pool.name, dev.raw)
                 continue
-            dev.profile = _str_attr(dev.raw, "profile")
-            dev.start = _int_attr(dev.raw, "placementStart")
-            dev.size = _int_attr(dev.raw, "placementSize")
+            dev.profile = _str_attr(dev.raw, dc.ATTR_PROFILE)
+            dev.start = _int_attr(dev.raw, dc.ATTR_PLACEMENT_START)
+            dev.size = _int_attr(dev.raw, dc.ATTR_PLACEMENT_SIZE)
             if not dev.profile or dev.start is None or dev.size is None:
                 log.warning(
                     "MIG device without profile/placement attributes", pool=pool.name, device=dev.name
@@ -199,9 +206,9 @@ class Inventory:
             self.gpus[gpu.ref] = gpu
 
     def _profile(self, dev: Mapping[str, Any], placements: tuple[Placement, ...], compute: int) -> MigProfile:
-        name = _str_attr(dev, "profile")
-        compute_slices = _int_attr(dev, "computeSlices") or 0
-        memory_slices = _int_attr(dev, "memorySlices") or (placements[0].size if placements else 0)
+        name = _str_attr(dev, dc.ATTR_PROFILE)
+        compute_slices = _int_attr(dev, dc.ATTR_COMPUTE_SLICES) or 0
+        memory_slices = _int_attr(dev, dc.ATTR_MEMORY_SLICES) or (placements[0].size if placements else 0)
         suffix = profile_suffix(name)
         # NVML's per-profile instance cap is not published; the placements and compute budget bound it,
         # and a "+me" profile owns the GPU's media engines, so at most one exists.
@@ -210,16 +217,13 @@ class Inventory:
             limit = min(limit, max(1, compute // compute_slices))
         key = (
             name,
-            _int_attr(dev, "giProfileId") or 0,
+            _int_attr(dev, dc.ATTR_GI_PROFILE_ID) or 0,
             compute_slices,
             memory_slices,
-            _cap_int(dev, "memory"),
+            _cap_int(dev, dc.CAP_MEMORY),
             placements,
             limit,
-            tuple(
-                _cap_int(dev, k)
-                for k in ("multiprocessors", "copyEngines", "decoders", "encoders", "jpegs", "ofas")
-            ),
+            tuple(_cap_int(dev, k) for k in dc.ENGINE_CAPACITIES),
         )
         hit = self._profiles.get(key)
         if hit is None:
@@ -252,19 +256,22 @@ class Inventory:
         whole: PublishedDevice | None,
     ) -> InventoryGpu:
         first = whole.raw if whole is not None else migs[0].raw
-        memory_slices = _int_attr(first, "memorySlices") if whole is not None else None
-        compute_slices = _int_attr(first, "computeSlices") if whole is not None else None
+        memory_slices = _int_attr(first, dc.ATTR_MEMORY_SLICES) if whole is not None else None
+        compute_slices = _int_attr(first, dc.ATTR_COMPUTE_SLICES) if whole is not None else None
         if memory_slices is None:
-            counters = pool.counter_sets.get(f"gpu-{index}-counter-set", {})
-            memory_slices = sum(1 for k in counters if k.startswith("memory-slice-")) or max(
+            try:
+                counters = pool.counter_sets.get(counter_set_name(index), {})
+            except ValueError:  # an index too long for a counter-set name: no set can match it
+                counters = {}
+            memory_slices = sum(1 for k in counters if k.startswith(MEMORY_SLICE_COUNTER_PREFIX)) or max(
                 ((d.start or 0) + (d.size or 0) for d in migs), default=0
             )
         if compute_slices is None:
             # Without the whole-GPU device (Ampere in MIG mode) the largest profile is the best bound.
-            compute_slices = max((_int_attr(d.raw, "computeSlices") or 0 for d in migs), default=0)
+            compute_slices = max((_int_attr(d.raw, dc.ATTR_COMPUTE_SLICES) or 0 for d in migs), default=0)
         by_profile: dict[tuple[str, int], list[PublishedDevice]] = defaultdict(list)
         for d in migs:
-            by_profile[(d.profile or "", _int_attr(d.raw, "giProfileId") or 0)].append(d)
+            by_profile[(d.profile or "", _int_attr(d.raw, dc.ATTR_GI_PROFILE_ID) or 0)].append(d)
         profiles = []
         mig_devices: dict[tuple[str, int], str] = {}
         for devs in by_profile.values():
@@ -274,13 +281,13 @@ class Inventory:
             for d in devs:
                 mig_devices[(d.profile or "", d.start or 0)] = d.name
         ordered = tuple(sorted(profiles, key=size_key))
-        uuid = _str_attr(first, "uuid") or _str_attr(first, "parentUUID")
-        arch = _str_attr(first, "architecture")
+        uuid = _str_attr(first, dc.ATTR_UUID) or _str_attr(first, dc.ATTR_PARENT_UUID)
+        arch = _str_attr(first, dc.ATTR_ARCHITECTURE)
         info = GpuInfo(
             index=index,
             uuid=uuid,
-            name=_str_attr(first, "productName"),
-            memory_total_mib=_cap_int(whole.raw, "memory")
+            name=_str_attr(first, dc.ATTR_PRODUCT_NAME),
+            memory_total_mib=_cap_int(whole.raw, dc.CAP_MEMORY)
             if whole is not None
             else max((p.memory_mib for p in ordered), default=0),
             architecture=Architecture(arch)
@@ -292,7 +299,7 @@ class Inventory:
         )
         catalog = GpuCatalog(
             gpu=info,
-            model=_str_attr(first, "model") or info.name,
+            model=_str_attr(first, dc.ATTR_MODEL) or info.name,
             memory_slices=memory_slices,
             compute_slices=compute_slices,
             profiles=ordered,

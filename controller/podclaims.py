@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from api import devicecontract as dc
 from api.constants import ALLOCATION_GATE, DRIVER_NAME, DeviceKind, parse_device_name
 from controller.inventory import Inventory
 from driver.migannotation import MigAllocationRecord, encode_mig_allocations
@@ -159,7 +160,7 @@ def mirror_annotation(pod: Obj, claims: Mapping[str, Obj], inventory: Inventory)
                     MigAllocationRecord(
                         container_index=ci,
                         device_index=device_index,
-                        gpu_uuid=gpu.uuid if gpu is not None else str(dev.attribute("parentUUID")),
+                        gpu_uuid=gpu.uuid if gpu is not None else str(dev.attribute(dc.ATTR_PARENT_UUID)),
                         profile=dev.profile,
                         placement_start=dev.start or 0,
                         placement_size=dev.size or 1,

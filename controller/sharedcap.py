@@ -1,7 +1,7 @@
 """Shareable (HAMi-core) GPUs: their published capacities, what a request asks of them, what a result holds.
 
 A hami-core node publishes one `gpu-<i>-shared` device per GPU with `allowMultipleAllocations` and three
-consumable capacities (contract C1): `memory` (MiB), `cores` (percent of the SMs, 0..100) and `shares`
+consumable capacities (contract C1 in docs/architecture.md): `memory` (MiB), `cores` (percent of the SMs, 0..100) and `shares`
 (the split count; each share consumes 1). A request asks through `capacity.requests` (any of the three
 names, plain or qualified with the driver domain) or, for a percentage of the GPU's memory, through the
 opaque config `SharedGpuRequest{memoryPercentage}` (decoded strictly by api/opaqueconfig.py). A missing
@@ -17,11 +17,12 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from api import devicecontract as dc
 from api.constants import DRIVER_NAME
 from controller.quantity import MEBI, QuantityError, format_fraction, parse_quantity
 from driver.policy.shared import ShareAmount
 
-CAPACITY_NAMES = ("memory", "cores", "shares")
+CAPACITY_NAMES = dc.SHARED_CAPACITY_NAMES
 
 
 class ShareRequestError(ValueError):
@@ -33,7 +34,7 @@ class ShareTooLarge(ShareRequestError):
 
 
 def _fmt(name: str, value: Fraction) -> str:
-    if name == "memory":
+    if name == dc.CAP_MEMORY:
         return f"{format_fraction(value / MEBI)}Mi"
     return format_fraction(value)
 
@@ -117,18 +118,18 @@ class SharedGpuInfo:
             except QuantityError:
                 continue
         attrs = raw.get("attributes") or {}
-        uuid = (attrs.get("uuid") or {}).get("string", "")
-        split = (attrs.get("splitCount") or {}).get("int")
-        shares = caps.get("shares")
+        uuid = (attrs.get(dc.ATTR_UUID) or {}).get("string", "")
+        split = (attrs.get(dc.ATTR_SPLIT_COUNT) or {}).get("int")
+        shares = caps.get(dc.CAP_SHARES)
         if not isinstance(split, int):
             split = int(shares.value) if shares is not None else 0
         return cls(pool, str(raw.get("name", "")), str(uuid), split, caps)
 
     def total(self) -> ShareAmount:
         """Memory MiB, cores (100 unless published otherwise) and split slots this GPU offers."""
-        mem = self.capacity.get("memory")
-        cores = self.capacity.get("cores")
-        shares = self.capacity.get("shares")
+        mem = self.capacity.get(dc.CAP_MEMORY)
+        cores = self.capacity.get(dc.CAP_CORES)
+        shares = self.capacity.get(dc.CAP_SHARES)
         return ShareAmount(
             int(mem.value // MEBI) if mem is not None else 0,
             int(cores.value) if cores is not None else 100,
@@ -137,7 +138,7 @@ class SharedGpuInfo:
 
     def default_amount(self) -> ShareAmount:
         """What a result without consumedCapacity holds: each capacity's policy default (C1)."""
-        return self.amount({}) if "memory" in self.capacity else ShareAmount(0, 0, 1)
+        return self.amount({}) if dc.CAP_MEMORY in self.capacity else ShareAmount(0, 0, 1)
 
     def amount(self, requested: Mapping[str, Fraction], where: str = "") -> ShareAmount:
         """What a share asking `requested` (base units) consumes here; ShareRequestError if nothing fits."""
@@ -150,7 +151,7 @@ class SharedGpuInfo:
                     raise ShareRequestError(
                         f"{where}.capacity.requests.{name}: {self.device} publishes no {name!r} capacity"
                     )
-                out[name] = 0 if name != "shares" else 1
+                out[name] = 0 if name != dc.CAP_SHARES else 1
                 continue
             got: Fraction
             if wanted is None:
@@ -169,8 +170,8 @@ class SharedGpuInfo:
                     f"{_fmt(name, cap.value)} of {self.device}"
                 )
             # Memory is consumed in whole MiB (the published step); cores and shares are integers.
-            out[name] = -(-got // MEBI) if name == "memory" else -(-got // 1)
-        return ShareAmount(out["memory"], out["cores"], out["shares"])
+            out[name] = -(-got // MEBI) if name == dc.CAP_MEMORY else -(-got // 1)
+        return ShareAmount(out[dc.CAP_MEMORY], out[dc.CAP_CORES], out[dc.CAP_SHARES])
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,14 +184,14 @@ class ShareSpec:
     def amount(self, gpu: SharedGpuInfo, where: str) -> ShareAmount:
         requested = dict(self.requests)
         if self.memory_percent is not None:
-            mem = gpu.capacity.get("memory")
+            mem = gpu.capacity.get(dc.CAP_MEMORY)
             total_mib = int(mem.value // MEBI) if mem is not None else 0
             # floor(total * p / 100) MiB (contract C3), at least the 1 MiB a share must hold.
-            requested["memory"] = Fraction(max(1, total_mib * self.memory_percent // 100) * MEBI)
+            requested[dc.CAP_MEMORY] = Fraction(max(1, total_mib * self.memory_percent // 100) * MEBI)
         return gpu.amount(requested, where)
 
     def memory_hint_mib(self) -> int | None:
-        mem = self.requests.get("memory")
+        mem = self.requests.get(dc.CAP_MEMORY)
         return None if mem is None else int(-(-mem // MEBI))
 
 
@@ -231,9 +232,9 @@ def consumed_amount(result: Mapping[str, Any], gpu: SharedGpuInfo | None) -> Sha
         except QuantityError:
             return None
     defaults = gpu.default_amount() if gpu is not None else ShareAmount(0, 0, 1)
-    mem = requested.get("memory")
-    cores = requested.get("cores")
-    shares = requested.get("shares")
+    mem = requested.get(dc.CAP_MEMORY)
+    cores = requested.get(dc.CAP_CORES)
+    shares = requested.get(dc.CAP_SHARES)
     return ShareAmount(
         int(-(-mem // MEBI)) if mem is not None else defaults.memory_mib,
         int(-(-cores // 1)) if cores is not None else defaults.cores,
@@ -243,4 +244,8 @@ def consumed_amount(result: Mapping[str, Any], gpu: SharedGpuInfo | None) -> Sha
 
 def consumed_capacity(amount: ShareAmount) -> dict[str, str]:
     """The result's consumedCapacity (contract C2)."""
-    return {"memory": f"{amount.memory_mib}Mi", "cores": str(amount.cores), "shares": str(amount.shares)}
+    return {
+        dc.CAP_MEMORY: f"{amount.memory_mib}Mi",
+        dc.CAP_CORES: str(amount.cores),
+        dc.CAP_SHARES: str(amount.shares),
+    }

@@ -8,7 +8,7 @@ capacity requests, is a MIG request, as before whole GPUs were allocated: a GPU 
 shared only when asked for on purpose, through its class or capacity. Whole GPUs have no request
 policy, so capacity requests on them are refused.)
 
-Mixed pools (contract C3 mode `any`: a `firstAvailable` request with a MIG alternative and a HAMi-core
+Mixed pools (contract C3 of docs/architecture.md, mode `any`: a `firstAvailable` request with a MIG alternative and a HAMi-core
 alternative): instead of the first alternative that fits, the controller takes the one that strands
 the least GPU memory, summed over the request's devices:
 - a MIG device strands its profile's memory beyond what the request needs, where "needs" is what the

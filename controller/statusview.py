@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from api import devicecontract as dc
 from api.constants import DRIVER_NAME
 from controller.inventory import DeviceKey, Inventory, InventoryGpu
 from controller.podclaims import referenced_claims
@@ -187,7 +188,7 @@ def _profile(gpu: InventoryGpu, inventory: Inventory, device: str) -> MigProfile
     dev = inventory.device((gpu.pool, device))
     if dev is None or dev.profile is None:
         return None
-    gi = (dev.raw.get("attributes") or {}).get("giProfileId", {}).get("int")
+    gi = (dev.raw.get("attributes") or {}).get(dc.ATTR_GI_PROFILE_ID, {}).get("int")
     by_name = [p for p in gpu.catalog.profiles if p.name == dev.profile]
     return next((p for p in by_name if p.gi_profile_id == gi), by_name[0] if by_name else None)
 
@@ -363,7 +364,11 @@ def render(
         held = allocations.shares.get((info.pool, info.device), ())
         instances += len(held)
         dev = inventory.device((info.pool, info.device))
-        model = str(dev.attribute("model") or dev.attribute("productName") or "") if dev is not None else ""
+        model = (
+            str(dev.attribute(dc.ATTR_MODEL) or dev.attribute(dc.ATTR_PRODUCT_NAME) or "")
+            if dev is not None
+            else ""
+        )
         blocks.append("\n".join(shared_gpu_lines(ref, info, model, held, paint, paint.holder_code, _FREE)))
     shown = len(gpus) + sum(1 for ref in inventory.shared if node is None or ref.node == node)
     pools = [p for p in inventory.pools.values() if node is None or p.node == node]

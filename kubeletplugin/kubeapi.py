@@ -31,7 +31,7 @@ class AllocatedDevice:
     driver: str
     pool: str
     device: str
-    # Set for devices that allow multiple allocations (HAMi-core shares, contract C2).
+    # Set for devices that allow multiple allocations (HAMi-core shares, contract C2 in docs/architecture.md).
     share_id: str | None = None
     consumed_capacity: Mapping[str, str] = field(default_factory=dict)
 

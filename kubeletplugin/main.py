@@ -15,7 +15,8 @@ metrics/healthz server) is a driver.looprunner.LoopRunner: it survives any excep
 and /healthz answers 503 naming a loop that is dead or stuck.
 
 Which devices exist is decided once, at start, from the catalog, the node config and each GPU's MIG
-mode (design.md: Ampere publishes what its current mode allows). A GPU reset that changes an Ampere
+mode (an Ampere GPU publishes what its current mode allows; docs/kubelet-plugin.md, "Decisions worth
+knowing"). A GPU reset that changes an Ampere
 GPU's mode therefore needs a plugin restart, which an administrator doing a reset does anyway.
 One exception: a GPU whose NVML refused profile queries with MIG off is re-read once MIG is on, and
 republished if NVML disagrees with what was published (kubeletplugin/inventory.py, docs/hardware.md).

@@ -1,4 +1,4 @@
-"""MIG mode policy on the node (design.md, "MIG mode").
+"""MIG mode policy on the node (docs/kubelet-plugin.md, "Decisions worth knowing"; docs/hardware.md).
 
 - Hopper and newer switch MIG mode without a reset: turn it on at the first MIG prepare of an idle GPU
   and off again once its last GPU instance is gone, so the whole-GPU device stays usable.

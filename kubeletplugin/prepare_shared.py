@@ -1,4 +1,4 @@
-"""The HAMi-core shared-GPU parts of prepare (contract C2), kept apart from the MIG path they never touch.
+"""The HAMi-core shared-GPU parts of prepare (contract C2 in docs/architecture.md), kept apart from the MIG path they never touch.
 
 A shared GPU (`gpu-<i>-shared`) needs no NVML object: prepare checks the GPU is the published one with
 MIG off (prepare_steps.check_shared_gpu), then writes a CDI spec giving the container the whole GPU

@@ -1,6 +1,7 @@
 """What one allocation of a `gpu-<i>-shared` device holds: its share of memory and cores. Pure.
 
-The allocator writes each share as a result with a `shareID` and `consumedCapacity` (contract C2):
+The allocator writes each share as a result with a `shareID` and `consumedCapacity` (contract C2,
+docs/architecture.md):
 
     {"device": "gpu-0-shared", "shareID": "<uuid>",
      "consumedCapacity": {"memory": "8000Mi", "cores": "30", "shares": "1"}}
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from api import devicecontract as dc
 from api.constants import DRIVER_NAME
 
 MEBI = 2**20
@@ -30,7 +32,7 @@ _QUANTITY_RE = re.compile(
     r"(?P<num>\+?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
     r"(?:(?P<bin>Ki|Mi|Gi|Ti|Pi|Ei)|[eE](?P<exp>[+-]?[0-9]+)|(?P<dec>[numkMGTPE]?))"
 )
-_KNOWN = ("memory", "cores", "shares")
+_KNOWN = dc.SHARED_CAPACITY_NAMES
 
 
 class ConsumedCapacityError(ValueError):
@@ -93,25 +95,27 @@ def share_from_result(
     where = f"device {device}" + (f" share {share_id}" if share_id else "")
     values = _field_values(where, consumed or {})
     memory = gpu_memory_mib
-    if "memory" in values:
-        memory = _whole(where, "memory", values["memory"], MEBI, "MiB")
+    if dc.CAP_MEMORY in values:
+        memory = _whole(where, dc.CAP_MEMORY, values[dc.CAP_MEMORY], MEBI, "MiB")
         if not 1 <= memory <= gpu_memory_mib:
             raise ConsumedCapacityError(
-                f"{where}: consumedCapacity.memory {values['memory']!r} is outside 1Mi..{gpu_memory_mib}Mi"
+                f"{where}: consumedCapacity.memory {values[dc.CAP_MEMORY]!r} is outside 1Mi..{gpu_memory_mib}Mi"
                 " (the GPU's memory)"
             )
     cores = 0
-    if "cores" in values:
-        cores = _whole(where, "cores", values["cores"], 1, "cores")
+    if dc.CAP_CORES in values:
+        cores = _whole(where, dc.CAP_CORES, values[dc.CAP_CORES], 1, "cores")
         if not 0 <= cores <= MAX_CORES:
             raise ConsumedCapacityError(
-                f"{where}: consumedCapacity.cores {values['cores']!r} is outside 0..{MAX_CORES}"
+                f"{where}: consumedCapacity.cores {values[dc.CAP_CORES]!r} is outside 0..{MAX_CORES}"
             )
     shares = 1
-    if "shares" in values:
-        shares = _whole(where, "shares", values["shares"], 1, "shares")
+    if dc.CAP_SHARES in values:
+        shares = _whole(where, dc.CAP_SHARES, values[dc.CAP_SHARES], 1, "shares")
         if shares < 1:
-            raise ConsumedCapacityError(f"{where}: consumedCapacity.shares {values['shares']!r} must be >= 1")
+            raise ConsumedCapacityError(
+                f"{where}: consumedCapacity.shares {values[dc.CAP_SHARES]!r} must be >= 1"
+            )
     return SharedShare(share_id=share_id, memory_mib=memory, cores=cores, shares=shares)
 
 

@@ -1,4 +1,5 @@
-"""The one device a hami-core node publishes per GPU: `gpu-<i>-shared` (contract C1). Pure: no I/O.
+"""The one device a hami-core node publishes per GPU: `gpu-<i>-shared` (contract C1,
+docs/architecture.md). Pure: no I/O.
 
 The GPU is shared by HAMi-core (memory and SM limits enforced inside each container), so the device
 allows multiple allocations and offers three consumable capacities:
@@ -19,12 +20,10 @@ import enum
 from collections.abc import Mapping
 from typing import Any
 
+from api import devicecontract as dc
 from api.constants import shared_gpu_device_name
 from driver.catalog.types import GpuCatalog
 from kubeletplugin.slicelimits import MAX_ATTRIBUTE_STRING_LENGTH
-
-SHARED_DEVICE_TYPE = "hami-core"
-"""The `type` attribute; DeviceClass `hami-core.gpu.flexmig.dev` selects on it."""
 
 MAX_CORES = 100
 
@@ -61,25 +60,25 @@ def shared_gpu_device(
         "name": shared_gpu_device_name(gpu.index),
         "allowMultipleAllocations": True,
         "attributes": {
-            "type": {"string": SHARED_DEVICE_TYPE},
-            "uuid": {"string": gpu.uuid[:MAX_ATTRIBUTE_STRING_LENGTH]},
+            dc.ATTR_TYPE: {"string": dc.TYPE_SHARED},  # DeviceClass hami-core.gpu.flexmig.dev selects on it
+            dc.ATTR_UUID: {"string": gpu.uuid[:MAX_ATTRIBUTE_STRING_LENGTH]},
             **common_attributes,
-            "splitCount": {"int": split_count},
-            "enforced": {"bool": enforced},
+            dc.ATTR_SPLIT_COUNT: {"int": split_count},
+            dc.ATTR_ENFORCED: {"bool": enforced},
         },
         "capacity": {
-            "memory": {
+            dc.CAP_MEMORY: {
                 "value": total,
                 "requestPolicy": {"default": total, "validRange": {"min": "1Mi", "step": "1Mi"}},
             },
-            "cores": {
+            dc.CAP_CORES: {
                 "value": max_cores,
                 "requestPolicy": {
                     "default": "0",
                     "validRange": {"min": "0", "max": max_cores, "step": "1"},
                 },
             },
-            "shares": {
+            dc.CAP_SHARES: {
                 "value": str(split_count),
                 "requestPolicy": {"default": "1", "validValues": ["1"]},
             },

@@ -18,9 +18,11 @@ known model has <=31), and GPUs are packed first-fit in index order so a 16-GPU 
 Slice names are `<node>-gpu.flexmig.dev-<k>`, counter slices first. All slices carry the same
 generation and `resourceSliceCount`, so the scheduler only uses the pool once it sees all of them.
 
-Which GPUs appear (design.md): none when the GPU is in `filterdevices` or the node's `operatingmode`
+Attribute, capacity and counter names are the published device contract of api/devicecontract.py.
+
+Which GPUs appear (docs/kubelet-plugin.md): none when the GPU is in `filterdevices` or the node's `operatingmode`
 is `mps`. A `hami-core` node publishes one shareable `gpu-<i>-shared` device per GPU whose MIG mode is
-off and nothing else (kubeletplugin/shareddevice.py, contract C1). On a `mig` node: Hopper and newer publish the whole GPU and its MIG devices (MIG mode is switched at
+off and nothing else (kubeletplugin/shareddevice.py, contract C1 in docs/architecture.md). On a `mig` node: Hopper and newer publish the whole GPU and its MIG devices (MIG mode is switched at
 prepare). GPUs that need a reset to switch MIG mode (Ampere) publish what their *current* mode allows:
 the whole GPU when MIG is off, only MIG devices when it is on.
 """
@@ -33,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from api import devicecontract as dc
 from api.constants import (
     DRIVER_NAME,
     counter_set_name,
@@ -57,15 +60,18 @@ SHARES_REFUSED_REASON = (
     " libvgpu.so and restart the plugin, or allow unenforced shares with --unenforced-shares=publish)"
 )
 
-# (counter name [DNS label], capacity name [C identifier], MigProfile attribute)
-_DIMENSIONS: tuple[tuple[str, str, str], ...] = (
-    ("memory", "memory", "memory_mib"),
-    ("multiprocessors", "multiprocessors", "multiprocessors"),
-    ("copy-engines", "copyEngines", "copy_engines"),
-    ("decoders", "decoders", "decoders"),
-    ("encoders", "encoders", "encoders"),
-    ("jpegs", "jpegs", "jpegs"),
-    ("ofas", "ofas", "ofas"),
+# (dimension of the published contract, MigProfile attribute that gives its value)
+_PROFILE_FIELD = {
+    dc.CAP_MEMORY: "memory_mib",
+    dc.CAP_MULTIPROCESSORS: "multiprocessors",
+    dc.CAP_COPY_ENGINES: "copy_engines",
+    dc.CAP_DECODERS: "decoders",
+    dc.CAP_ENCODERS: "encoders",
+    dc.CAP_JPEGS: "jpegs",
+    dc.CAP_OFAS: "ofas",
+}
+_DIMENSIONS: tuple[tuple[dc.Dimension, str], ...] = tuple(
+    (d, _PROFILE_FIELD[d.capacity]) for d in dc.DIMENSIONS
 )
 
 
@@ -98,10 +104,6 @@ class NodeSlices:
         return tuple(s.name for s in self.slices)
 
 
-def _quantity(counter: str, value: int) -> str:
-    return f"{value}Mi" if counter == "memory" else str(value)
-
-
 def capacity_counter_totals(catalog: GpuCatalog) -> dict[str, int]:
     return dict(_layout_maxima(catalog.profiles, catalog.memory_slices, catalog.compute_slices))
 
@@ -125,7 +127,7 @@ def _layout_maxima(
             by_start.setdefault(pl.start, []).append(prof)
     width = max([memory_slices, *(pl.end for p in profiles for pl in p.placements)])
     compute_budget = compute_slices or sum(p.compute_slices for p in profiles)
-    attrs = [attr for _, _, attr in _DIMENSIONS]
+    attrs = [attr for _, attr in _DIMENSIONS]
     best = [max((getattr(p, a) for p in profiles), default=0) for a in attrs]
     used: dict[int, int] = {}
 
@@ -149,7 +151,7 @@ def _layout_maxima(
             used[prof.gi_profile_id] = n
 
     visit(0, 0, [0] * len(attrs))
-    return tuple((counter, best[i]) for i, (counter, _, _) in enumerate(_DIMENSIONS))
+    return tuple((dim.counter, best[i]) for i, (dim, _) in enumerate(_DIMENSIONS))
 
 
 def gpu_decision(catalog: GpuCatalog, mig_enabled: bool, node: NodeConfig) -> tuple[bool, bool, str]:
@@ -186,36 +188,37 @@ def _attr_str(value: str) -> dict[str, Any]:
 def _common_attributes(catalog: GpuCatalog) -> dict[str, Any]:
     gpu = catalog.gpu
     return {
-        "productName": _attr_str(gpu.name),
-        "model": _attr_str(catalog.model),
-        "architecture": _attr_str(gpu.architecture.value),
-        "index": {"int": gpu.index},
+        dc.ATTR_PRODUCT_NAME: _attr_str(gpu.name),
+        dc.ATTR_MODEL: _attr_str(catalog.model),
+        dc.ATTR_ARCHITECTURE: _attr_str(gpu.architecture.value),
+        dc.ATTR_INDEX: {"int": gpu.index},
     }
 
 
 def _counter_set(catalog: GpuCatalog, totals: Mapping[str, int]) -> dict[str, Any]:
     counters = {memory_slice_counter_name(k): {"value": "1"} for k in range(catalog.memory_slices)}
-    for counter, _, _ in _DIMENSIONS:
-        if totals[counter] > 0:  # a counter nobody consumes only adds noise
-            counters[counter] = {"value": _quantity(counter, totals[counter])}
+    for dim, _ in _DIMENSIONS:
+        if totals[dim.counter] > 0:  # a counter nobody consumes only adds noise
+            counters[dim.counter] = {"value": dc.dimension_quantity(dim, totals[dim.counter])}
     return {"name": counter_set_name(catalog.gpu.index), "counters": counters}
 
 
 def _whole_device(catalog: GpuCatalog, counter_set: Mapping[str, Any] | None) -> dict[str, Any]:
     gpu = catalog.gpu
-    capacity = {"memory": {"value": f"{gpu.memory_total_mib}Mi"}}
-    for _, cap, attr in _DIMENSIONS[1:]:
+    capacity = {dc.CAP_MEMORY: {"value": dc.dimension_quantity(dc.MEMORY_DIMENSION, gpu.memory_total_mib)}}
+    for dim, attr in _DIMENSIONS[1:]:
         # NVML gives engine/SM counts per MIG profile only; the largest profile is the best whole-GPU figure.
-        capacity[cap] = {"value": str(max((getattr(p, attr) for p in catalog.all_profiles), default=0))}
+        best = max((getattr(p, attr) for p in catalog.all_profiles), default=0)
+        capacity[dim.capacity] = {"value": dc.dimension_quantity(dim, best)}
     device: dict[str, Any] = {
         "name": whole_gpu_device_name(gpu.index),
         "attributes": {
-            "type": _attr_str("gpu"),
-            "uuid": _attr_str(gpu.uuid),
+            dc.ATTR_TYPE: _attr_str(dc.TYPE_WHOLE_GPU),
+            dc.ATTR_UUID: _attr_str(gpu.uuid),
             **_common_attributes(catalog),
-            "migCapable": {"bool": gpu.mig_capable},
-            "memorySlices": {"int": catalog.memory_slices},
-            "computeSlices": {"int": catalog.compute_slices},
+            dc.ATTR_MIG_CAPABLE: {"bool": gpu.mig_capable},
+            dc.ATTR_MEMORY_SLICES: {"int": catalog.memory_slices},
+            dc.ATTR_COMPUTE_SLICES: {"int": catalog.compute_slices},
         },
         "capacity": capacity,
     }
@@ -233,26 +236,26 @@ def _mig_device(
     gpu = catalog.gpu
     counters = {memory_slice_counter_name(k): {"value": "1"} for k in range(start, start + size)}
     capacity: dict[str, Any] = {}
-    for counter, cap, attr in _DIMENSIONS:
+    for dim, attr in _DIMENSIONS:
         value = int(getattr(profile, attr))
-        capacity[cap] = {"value": _quantity(counter, value)}
+        capacity[dim.capacity] = {"value": dc.dimension_quantity(dim, value)}
         if value > 0:
-            counters[counter] = {"value": _quantity(counter, value)}
+            counters[dim.counter] = {"value": dc.dimension_quantity(dim, value)}
     return {
         "name": mig_device_name(gpu.index, profile.name, profile.gi_profile_id, start),
         "attributes": {
-            "type": _attr_str("mig"),
-            "parentUUID": _attr_str(gpu.uuid),
+            dc.ATTR_TYPE: _attr_str(dc.TYPE_MIG),
+            dc.ATTR_PARENT_UUID: _attr_str(gpu.uuid),
             **_common_attributes(catalog),
-            "profile": _attr_str(profile.name),
-            "giProfileId": {"int": profile.gi_profile_id},
-            "placementStart": {"int": start},
-            "placementSize": {"int": size},
-            "memorySlices": {"int": profile.memory_slices},
-            "computeSlices": {"int": profile.compute_slices},
+            dc.ATTR_PROFILE: _attr_str(profile.name),
+            dc.ATTR_GI_PROFILE_ID: {"int": profile.gi_profile_id},
+            dc.ATTR_PLACEMENT_START: {"int": start},
+            dc.ATTR_PLACEMENT_SIZE: {"int": size},
+            dc.ATTR_MEMORY_SLICES: {"int": profile.memory_slices},
+            dc.ATTR_COMPUTE_SLICES: {"int": profile.compute_slices},
             # The parent's totals, so a selector can ask for "at least p% of the GPU" (contract C1/C3).
-            "gpuMemorySlices": {"int": catalog.memory_slices},
-            "gpuComputeSlices": {"int": catalog.compute_slices},
+            dc.ATTR_GPU_MEMORY_SLICES: {"int": catalog.memory_slices},
+            dc.ATTR_GPU_COMPUTE_SLICES: {"int": catalog.compute_slices},
         },
         "capacity": capacity,
         "consumesCounters": [{"counterSet": set_name, "counters": counters}],

@@ -1,7 +1,7 @@
 """The ResourceClaimTemplates the shim references: one per (namespace, shape), with a readable,
 deterministic name, so that admitting the same legacy request twice names the same template.
 
-Body shapes are the lead's contract C3: request `gpus`; mode mig selects MIG devices by a CEL
+Body shapes are contract C3 (docs/architecture.md): request `gpus`; mode mig selects MIG devices by a CEL
 selector on memory (MiB, or percent of the parent GPU through the `gpuMemorySlices` attribute) and
 compute; mode hami-core asks for consumable capacity on a shared GPU; mode any offers both as
 `firstAvailable` alternatives and the controller picks what packs better.
@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from api import devicecontract as dc
 from api.constants import DRIVER_NAME
 from api.opaqueconfig import SharedGpuRequest
 from controller.shim.legacy import Mode, Shape
@@ -26,8 +27,8 @@ MANAGED_BY = "flexmig"
 LABEL_SHIM_TEMPLATE = f"{DRIVER_NAME}/shim-template"
 SHIM_TEMPLATE_VERSION = "v1"
 ANNOTATION_SHAPE = f"{DRIVER_NAME}/shape"
-UUID_ATTRIBUTE = f"{DRIVER_NAME}/uuid"
-PARENT_UUID_ATTRIBUTE = f"{DRIVER_NAME}/parentUUID"
+UUID_ATTRIBUTE = f"{DRIVER_NAME}/{dc.ATTR_UUID}"
+PARENT_UUID_ATTRIBUTE = f"{DRIVER_NAME}/{dc.ATTR_PARENT_UUID}"
 DISTINCT_SUFFIX = "-d"
 """Ends the name of a template whose MIG devices must sit on different GPUs (count > 1), so a template
 written before that rule (same shape, no constraint) is never reused for it."""
@@ -80,11 +81,11 @@ def mig_selector(shape: Shape) -> str:
     slices are what the hardware divides, so "50%" of an A100 is a 4-slice instance, 3g.20gb).
     """
     if shape.memory_mib is not None:
-        expr = f'device.capacity["{DRIVER_NAME}"].memory.compareTo(quantity("{shape.memory_mib}Mi")) >= 0'
+        expr = f'device.capacity["{DRIVER_NAME}"].{dc.CAP_MEMORY}.compareTo(quantity("{shape.memory_mib}Mi")) >= 0'
     else:
-        expr = f"{_attr('memorySlices')} * 100 >= {shape.memory_percent} * {_attr('gpuMemorySlices')}"
+        expr = f"{_attr(dc.ATTR_MEMORY_SLICES)} * 100 >= {shape.memory_percent} * {_attr(dc.ATTR_GPU_MEMORY_SLICES)}"
     if shape.cores > 0:
-        expr += f" && {_attr('computeSlices')} * 100 >= {shape.cores} * {_attr('gpuComputeSlices')}"
+        expr += f" && {_attr(dc.ATTR_COMPUTE_SLICES)} * 100 >= {shape.cores} * {_attr(dc.ATTR_GPU_COMPUTE_SLICES)}"
     return expr
 
 
@@ -102,8 +103,8 @@ def _hami_fields(shape: Shape) -> dict[str, Any]:
     if shape.memory_mib is not None:
         # A percent leaves memory out: the request policy's default is the whole GPU, and the
         # controller reads the percentage from the opaque config instead.
-        requests["memory"] = f"{shape.memory_mib}Mi"
-    requests["cores"] = str(shape.cores)
+        requests[dc.CAP_MEMORY] = f"{shape.memory_mib}Mi"
+    requests[dc.CAP_CORES] = str(shape.cores)
     return {
         "deviceClassName": HAMI_CORE_DEVICE_CLASS,
         "allocationMode": "ExactCount",

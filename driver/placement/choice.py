@@ -1,6 +1,6 @@
 """Which MIG profile serves a memory request.
 
-The rule (design.md, "Policy"): the smallest allowed profile whose NVML memory is at least the
+The rule: the smallest allowed profile whose NVML memory is at least the
 request. NVML memory is below the nominal name (an A100 "1g.5gb" has 4864 MiB), so the comparison uses
 `memory_mib`, never the GB figure in the name. Ties on memory go to fewer compute slices, then fewer
 memory slices (an A100 1g.10gb before a 2g.10gb: same memory, less compute held), then to the plain

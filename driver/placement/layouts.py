@@ -5,7 +5,7 @@ it is maximal when no instance of any of the profiles can be added. The enumerat
 a depth-first search over the candidate placements in one fixed order, where each branch only adds
 candidates later in that order, so every valid set is visited exactly once and no deduplication of
 permutations is needed. On an A100-40GB with {1g.5gb, 2g.10gb, 3g.20gb, 4g.20gb, 7g.40gb} this yields
-the 19 layouts of reference/mig.md section 3 (tests/unit/test_oracle.py).
+the 19 maximal layouts written out, with how they were derived, in tests/unit/test_oracle.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Occupancy of one GPU in memory-slice and compute-slice space, and the MIG placement rules.
 
-Rules (reference/mig.md section 3), all enforced by NVML on real hardware:
+Rules, all enforced by NVML on real hardware (checked on A100 layouts by tests/unit/test_oracle.py):
 - a GPU instance sits on one of its profile's legal placements: memory slices [start, start + size);
 - GPU instances never share a memory slice (NVML answers INSUFFICIENT_RESOURCES);
 - the compute slices of all instances add up to at most the GPU's (7 on A100-style GPUs; this is why

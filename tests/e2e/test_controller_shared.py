@@ -1,6 +1,6 @@
 """The controller allocating shares of HAMi-core GPUs against a real kube-apiserver + kube-scheduler.
 
-A hami-core node's `gpu-<i>-shared` devices (contract C1) are published by hand, as the plugin's own
+A hami-core node's `gpu-<i>-shared` devices (contract C1, docs/architecture.md) are published by hand, as the plugin's own
 slice builder makes them (the plugin publishing them is tested in test_plugin_hamicore.py). Claims of the shapes the
 compatibility shim writes (contract C3: hami-core with MiB and cores, with a memory percentage, and
 `any` with a MIG alternative first) are allocated with a shareID and consumedCapacity per result

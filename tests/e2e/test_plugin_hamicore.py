@@ -1,4 +1,5 @@
-"""A hami-core node's kubelet plugin against the real API server (contracts C1 and C2).
+"""A hami-core node's kubelet plugin against the real API server (contracts C1 and C2 of
+docs/architecture.md).
 
 One plugin process (node `hamicore-a`, hami-core through its nodeconfig entry with devicesplitcount 3:
 H100-80GB and A100-40GB with MIG off, a second H100 with MIG on) publishes `gpu-<i>-shared` devices,

@@ -1,5 +1,7 @@
-"""The A100 oracle (reference/mig.md section 3): the layout enumeration, the placement model and the
-NVML simulator must all agree with the 19 maximal layouts derived from NVIDIA's `-lgipp` facts.
+"""The A100 oracle: the layout enumeration, the placement model and the
+NVML simulator must all agree with the 19 maximal layouts of an A100-40GB with {1g.5gb, 2g.10gb,
+3g.20gb, 4g.20gb, 7g.40gb}, derived by hand from NVIDIA's `nvidia-smi mig -lgipp` placements (no shared
+memory slice, at most 7 compute slices) and written out below.
 
 Cost note: every simulated NVML call locks, loads and rewrites the state file (about 5 ms on tmpfs), so
 creating all 7,823 creation orders of the 19 layouts through the simulator would take minutes. The
@@ -30,7 +32,7 @@ from driver.placement.occupancy import Occupancy, PlacedProfile
 
 SHORT = {"1g": "1g.5gb", "2g": "2g.10gb", "3g": "3g.20gb", "4g": "4g.20gb", "7g": "7g.40gb"}
 
-# reference/mig.md section 3, written out as "profile@start[,start...]" terms joined by " + ".
+# The 19 maximal layouts, written out as "profile@start[,start...]" terms joined by " + ".
 ORACLE_TEXT = (
     "7g@0",
     "4g@0 + 3g@4",

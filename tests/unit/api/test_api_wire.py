@@ -1,7 +1,8 @@
 """Wire contract of the generated kubelet APIs: packages, services, full method names, fields.
 
 kubelet matches on full method names and field numbers only, so these are checked against the
-upstream definitions (docs: shared/reference/dra-api.md section 3) rather than trusted.
+upstream definitions (kubelet's api.proto files under k8s.io/kubelet/pkg/apis/: dra/v1, dra/v1beta1,
+pluginregistration/v1, dra-health) rather than trusted.
 """
 
 from __future__ import annotations

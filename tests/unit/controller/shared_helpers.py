@@ -1,5 +1,5 @@
 """Hami-core nodes as the controller sees them: `gpu-<i>-shared` devices as the plugin's slice builder
-publishes them (contract C1), claims of contract C3 shapes, and a mixed MIG + hami-core cluster."""
+publishes them (contract C1), claims of contract C3 shapes (both in docs/architecture.md), and a mixed MIG + hami-core cluster."""
 
 from __future__ import annotations
 

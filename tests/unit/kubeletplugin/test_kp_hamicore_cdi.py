@@ -1,4 +1,5 @@
-"""A shared GPU's share (consumedCapacity) and the HAMi-core CDI edits it becomes (contract C2)."""
+"""A shared GPU's share (consumedCapacity) and the HAMi-core CDI edits it becomes (contract C2,
+docs/architecture.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""hami-core nodes: the `gpu-<i>-shared` devices (contract C1), devicesplitcount and the HAMi-core flags."""
+"""hami-core nodes: the `gpu-<i>-shared` devices (contract C1 of
+docs/architecture.md), devicesplitcount and the HAMi-core flags."""
 
 from __future__ import annotations
 

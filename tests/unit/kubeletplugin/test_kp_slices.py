@@ -236,7 +236,7 @@ def test_capacity_counters_admit_every_valid_layout_and_stay_tight() -> None:
     cat = catalogs_for("A100-40GB", 1)[0]
     totals = capacity_counter_totals(cat)
     by_name = {p.name: p for p in cat.profiles}
-    # Maximal A100 layouts from reference/mig.md (profile@start): each must fit every capacity counter.
+    # Maximal A100 layouts (the oracle of tests/unit/test_oracle.py): each must fit every capacity counter.
     layouts = [
         ["7g.40gb"],
         ["4g.20gb", "3g.20gb"],

@@ -1,4 +1,4 @@
-"""Template names and bodies (contract C3), and the MIG selectors run through the controller's CEL."""
+"""Template names and bodies (contract C3 of docs/architecture.md), and the MIG selectors run through the controller's CEL."""
 
 from __future__ import annotations
 
