@@ -1,6 +1,6 @@
 """Prepare and unprepare of claims on this node: the `ClaimPreparer` behind the DRA gRPC server.
 
-Per claim, prepare is (design.md, "Node side"):
+Per claim, prepare is (docs/architecture.md, the prepare step of a pod's path):
 
   fetch the claim, check its UID, keep results of driver `gpu.flexmig.dev` in this node's pool
   -> look each device name up in the inventory (never choose a placement here)
