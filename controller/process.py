@@ -77,6 +77,7 @@ class ControllerProcess:
         self.loops = LoopGroup()
         self.stop_event = threading.Event()
         self.health: HealthServer | None = None
+        self._health_started = False
         if options.metrics_port is not None:  # bound now: a port in use is an error at start
             self.health = HealthServer(
                 self.metrics.registry,
@@ -150,11 +151,17 @@ class ControllerProcess:
     def metrics_port(self) -> int | None:
         return None if self.health is None else self.health.port
 
-    def run(self) -> None:
-        """Run until `stop_event` is set; the allocation loop runs in the calling thread."""
-        if self.health is not None:
+    def start_health(self) -> None:
+        """Serve /metrics and /healthz from now on (once; run() calls it too), so that the start-up
+        preflight's flexmig_preflight_ok is served while it waits (flexmig/commands/controller.py)."""
+        if self.health is not None and not self._health_started:
+            self._health_started = True
             self.health.start()
             log.info("metrics and health listening", port=self.health.port)
+
+    def run(self) -> None:
+        """Run until `stop_event` is set; the allocation loop runs in the calling thread."""
+        self.start_health()
         if self.elector is not None:
             self.elector.start()
         if self.webhook_runner is not None:

@@ -111,8 +111,10 @@ class TemplateEnsurer:
         body: dict[str, Any] = json.loads(json.dumps(spec.body))
         meta = body.setdefault("metadata", {})
         meta.setdefault("annotations", {})[LAST_USED_ANNOTATION] = _stamp(now)
-        for _ in range(3):  # create; or stamp the existing one; it may vanish in between (the GC)
+        for attempt in range(3):  # create; or stamp the existing one; it may vanish in between (the GC)
             try:
+                if attempt == 0 and (owners := self._owners(body)):
+                    meta["ownerReferences"] = owners
                 request(self.api, "POST", templates_path(spec.namespace), body, timeout_s=API_TIMEOUT_S)
                 log.info("shim template created", template=f"{spec.namespace}/{spec.name}")
                 return
@@ -136,9 +138,43 @@ class TemplateEnsurer:
             return
         raise ApiException(status=409, reason="created and deleted concurrently three times")
 
+    def _owners(self, body: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The DeviceClasses the template's requests name, as its owners: when `helm uninstall`
+        deletes the chart's classes, the garbage collector deletes the templates the webhook made in
+        user namespaces (a cluster-scoped owner may own namespaced objects). Read fresh per creation,
+        not cached: a stale uid would have the new template collected at once."""
+        owners = []
+        for name in class_names(body):
+            try:
+                cls = request(self.api, "GET", f"{CLASSES_PATH}/{name}", timeout_s=API_TIMEOUT_S)
+            except ApiException as exc:
+                if exc.status == 404:  # no such class: the claim will fail on it anyway, say nothing
+                    continue
+                raise
+            uid = (cls.get("metadata") or {}).get("uid")
+            if uid:
+                owners.append(
+                    {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "name": name, "uid": uid}
+                )
+        return owners
+
     def forget(self, namespace: str, name: str) -> None:
         with self._lock:
             self._touched.pop((namespace, name), None)
+
+
+CLASSES_PATH = "/apis/resource.k8s.io/v1/deviceclasses"
+
+
+def class_names(template: Mapping[str, Any]) -> list[str]:
+    """DeviceClass names a ResourceClaimTemplate's requests use (exactly and firstAvailable)."""
+    devices = ((template.get("spec") or {}).get("spec") or {}).get("devices") or {}
+    names: set[str] = set()
+    for req in devices.get("requests") or ():
+        for sub in (req.get("exactly") or {}, *(req.get("firstAvailable") or ())):
+            if sub.get("deviceClassName"):
+                names.add(sub["deviceClassName"])
+    return sorted(names)
 
 
 def _message(exc: ApiException) -> str:

@@ -118,5 +118,17 @@ def run(args: argparse.Namespace) -> int:
         metrics_port=process.metrics_port,
         webhook_port=args.webhook_port or None,
     )
+    # Kubernetes version and DRA API first: a log line, flexmig_preflight_ok and an event instead of
+    # a controller that misbehaves; it rechecks until they pass (controller/preflight.py).
+    from controller.preflight import Preflight
+
+    preflight = Preflight(
+        api, process.metrics.registry, os.environ.get("POD_NAMESPACE"), os.environ.get("POD_NAME")
+    )
+    process.start_health()
+    if not preflight.wait(process.stop_event.is_set, process.stop_event.wait):
+        if process.health is not None:  # nothing else was started yet
+            process.health.stop()
+        return 0
     process.run()
     return 0

@@ -80,9 +80,12 @@ def token_kubeconfig(
     sa: str,
     path: Path,
     bound_pod: Mapping[str, Any] | None = None,
+    *,
+    expiration_s: int = 3600,
 ) -> Path:
-    """A kubeconfig with a TokenRequest token of ServiceAccount `sa` (bound to a pod if given)."""
-    spec: dict[str, Any] = {"audiences": [], "expirationSeconds": 3600}
+    """A kubeconfig with a TokenRequest token of ServiceAccount `sa` (bound to a pod if given), valid
+    `expiration_s` (a process loads it once, so a run longer than that needs a longer one)."""
+    spec: dict[str, Any] = {"audiences": [], "expirationSeconds": expiration_s}
     if bound_pod is not None:
         meta = bound_pod["metadata"]
         spec["boundObjectRef"] = {"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "uid": meta["uid"]}

@@ -38,6 +38,10 @@ from .chart_render import (
 )
 
 
+def is_hook(doc: Mapping[str, Any]) -> bool:
+    return "helm.sh/hook" in ((doc.get("metadata") or {}).get("annotations") or {})
+
+
 def container(workload: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     spec = workload["spec"]["template"]["spec"]
     return next(c for c in spec["containers"] if c["name"] == name)
@@ -74,7 +78,8 @@ def test_webhook_is_on_by_default_and_can_be_turned_off(helm_bin: Path, tmp_path
 
 
 def test_template_defaults(helm_bin: Path, tmp_path: Path) -> None:
-    docs = render(helm_bin, tmp_path)
+    all_docs = render(helm_bin, tmp_path)
+    docs = [d for d in all_docs if not is_hook(d)]
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == sorted(
         ["ServiceAccount"] * 2
@@ -85,7 +90,14 @@ def test_template_defaults(helm_bin: Path, tmp_path: Path) -> None:
         + ["Service"] * 3
         + ["DeviceClass"] * 3
         + ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"] * 2
+        + ["Secret"]  # the webhook certificate's, owned by Helm so that uninstall deletes it
     )
+    # `helm test` only: its pod, ServiceAccount, RBAC and script.
+    hooks = [d for d in all_docs if is_hook(d)]
+    assert sorted(d["kind"] for d in hooks) == sorted(
+        ["ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Pod"]
+    )
+    assert {d["metadata"]["annotations"]["helm.sh/hook"] for d in hooks} == {"test"}
 
     # DeviceClasses select on the attribute the plugin publishes (kubeletplugin/slices.py: type). The
     # hami-core class is on by default: the shim's templates for pods without vgpu-mode reference it.

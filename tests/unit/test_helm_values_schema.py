@@ -85,3 +85,69 @@ def test_defaults_load_with_the_components_parsers(values: dict[str, Any]) -> No
     OperatingMode(values["nodeConfig"]["defaultOperatingMode"])
     assert values["controller"]["metrics"]["service"]["nodePort"] == 31993
     assert values["kubeletPlugin"]["metrics"]["service"]["nodePort"] == 31992
+
+
+def test_every_schema_property_has_a_description(schema: dict[str, Any]) -> None:
+    """`helm show values` readers and IDEs see the schema's descriptions: none may be missing."""
+    missing: list[str] = []
+
+    def walk(node: dict[str, Any], where: str) -> None:
+        for key, sub in (node.get("properties") or {}).items():
+            path = f"{where}.{key}" if where else key
+            if not str(sub.get("description", "")).strip():
+                missing.append(path)
+            walk(sub, path)
+        if isinstance(node.get("items"), dict):
+            walk(node["items"], f"{where}[]")
+
+    walk(schema, "")
+    assert not missing, f"values without a description in values.schema.json: {missing}"
+
+
+def _exposed_metric_names() -> set[str]:
+    """Every series name the controller and the plugin can expose (families and their samples)."""
+    from prometheus_client import CollectorRegistry
+
+    from controller.metrics import ControllerMetrics
+    from controller.webhook.review import ReviewMetrics
+    from kubeletplugin.metrics import NodeMetrics
+
+    names: set[str] = set()
+    registries = [
+        ControllerMetrics().registry,
+        NodeMetrics().registry,
+        ReviewMetrics(CollectorRegistry()).registry,
+    ]
+    for registry in registries:
+        for family in registry.collect():
+            base = family.name
+            suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}.get(
+                family.type, ()
+            )
+            names.update({base, *(base + s for s in suffixes)})
+    # Families that only show up once data exists (the leader's snapshot gauges).
+    from controller import metrics as cm
+
+    names.update(re.findall(r'"((?:flexmig|hami)_[a-z_]+)"', Path(cm.__file__).read_text()))
+    return names
+
+
+def test_grafana_dashboard_queries_only_metrics_flexmig_exposes() -> None:
+    dashboard = json.loads((CHART / "files" / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", ())]
+    used = {m for e in exprs for m in re.findall(r"\b((?:flexmig|hami)_[a-z_]+)", e)}
+    unknown = used - _exposed_metric_names()
+    assert not unknown, f"the dashboard queries metrics nothing exposes: {sorted(unknown)}"
+    # HAMi's two MIG metrics and the build info are on it (the issue's "flexmig's and HAMi's").
+    assert {"hami_node_gpu_mig_instance_info", "hami_mig_device_info", "flexmig_build_info"} <= used
+    assert all(p["datasource"]["uid"] == "${datasource}" for p in dashboard["panels"] if "datasource" in p)
+
+
+def test_new_operations_values_are_typed(schema: dict[str, Any], values: dict[str, Any]) -> None:
+    assert values["preflight"]["allowCoexistence"] is False
+    assert values["metrics"]["serviceMonitor"]["enabled"] is False
+    assert values["tests"]["enabled"] is True
+    assert prop(schema, "image.digest")["pattern"].startswith("^(sha256:")
+    # The controller's defaults are the image's non-root user (Dockerfile: uid 65532).
+    assert values["controller"]["podSecurityContext"]["runAsUser"] == 65532
+    assert "65532" in (CHART.parents[2] / "Dockerfile").read_text()

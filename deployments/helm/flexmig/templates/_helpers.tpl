@@ -39,8 +39,13 @@ app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
+{{/* repository@digest when a digest is given, else repository:tag (tag defaults to appVersion). */}}
 {{- define "flexmig.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "flexmig.controllerName" -}}{{ include "flexmig.fullname" . }}-controller{{- end -}}
@@ -117,3 +122,12 @@ webhook's matchConditions: a custom name under another prefix must still send th
 
 {{/* Lease name is fixed in the controller (controller/leader.py LEASE_NAME). */}}
 {{- define "flexmig.leaseName" -}}flexmig-controller{{- end -}}
+
+{{/* ServiceAccount names: the created one, or the existing one named in the values. */}}
+{{- define "flexmig.controllerServiceAccount" -}}
+{{- default (include "flexmig.controllerName" .) .Values.controller.serviceAccount.name -}}
+{{- end -}}
+{{- define "flexmig.pluginServiceAccount" -}}
+{{- default (include "flexmig.pluginName" .) .Values.kubeletPlugin.serviceAccount.name -}}
+{{- end -}}
+{{- define "flexmig.testName" -}}{{ include "flexmig.fullname" . }}-test{{- end -}}
