@@ -31,7 +31,7 @@ from controller.shim import Mode, Shape
 from controller.shim.templates import template_for
 from controller.webhook.templates import TemplateEnsurer
 
-from .chart_render import CHART, DRIVER, WEBHOOK_ON, Raw, wait_for
+from .chart_render import CHART, DRIVER, KUBE_VERSION, WEBHOOK_ON, Raw, wait_for
 from .cluster import ControlPlane
 from .k8sobjects import create_namespace, model
 from .test_helm_chart_install import device_classes_restored
@@ -139,6 +139,8 @@ def _hook_rbac(control_plane: ControlPlane, release: str, namespace: str) -> lis
         str(CHART),
         "-n",
         namespace,
+        "--kube-version",  # `helm template` renders offline: without it helm assumes v1.20
+        KUBE_VERSION,
         *WEBHOOK_ON,
         "--show-only",
         "templates/tests/test-serving.yaml",

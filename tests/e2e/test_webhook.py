@@ -160,7 +160,9 @@ def ca_pem(installed: Installed) -> bytes:
             f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{RELEASE}.{DRIVER}",
         )
         hook = config["webhooks"][0]["clientConfig"]
-        if hook.get("caBundle") != secret["data"]["ca.crt"]:
+        # Helm creates the Secret empty; the controller fills it.
+        ca = (secret.get("data") or {}).get("ca.crt")
+        if not ca or hook.get("caBundle") != ca:
             return None
         assert hook["url"] == f"https://127.0.0.1:{installed.port}/mutate-pods"
         return base64.b64decode(secret["data"]["ca.crt"])
