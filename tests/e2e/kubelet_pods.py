@@ -173,7 +173,14 @@ class PodWorker:
             for u in due:
                 if stop.is_set():
                     return
-                self._sync(u)
+                try:
+                    self._sync(u)
+                except Exception as exc:  # like kubelet's pod workers: never stop, retry the pod later
+                    with self._lock:
+                        st = self._pods.get(u)
+                    if st is not None:
+                        st.last_error = f"{type(exc).__name__}: {exc}"
+                        self._retry(st, BACKOFF_MAX_S)
             if not due:
                 self._wake.wait(min([1.0, *(max(0.01, r - now) for r in retries)]))
                 self._wake.clear()
@@ -326,7 +333,9 @@ class PodWorker:
         """The failure on the pod: a condition (prepare only) and a Warning event; best effort."""
         meta = pod["metadata"]
         now = _now()
-        with contextlib.suppress(ApiException):
+        # Any error, not only ApiException: with the API server down the client raises urllib3's
+        # MaxRetryError, which escaped here and ended the pod worker thread for good.
+        with contextlib.suppress(Exception):
             if reason == FAILED_PREPARE:
                 cond = {
                     "type": PREPARED_CONDITION,

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.e2e.chart_workloads import ControllerProcess
+from tests.e2e.chart_workloads import ControllerProcess, token_kubeconfig
 from tests.e2e.cluster import Component, ControlPlane, free_port, wait_until
 from tests.e2e.plugin_harness import REPO, PluginProcess, metric_samples, scrape
 from tests.e2e.scenario import NodeSpec, Scenario, ScenarioOptions, SimNode
@@ -37,6 +37,10 @@ NODES: tuple[NodeSpec, ...] = (
 )
 REPLICAS = ("a", "b")
 CONTROLLER_CRASHPOINTS = "FLEXMIG_CONTROLLER_CRASHPOINTS"
+#: Lifetime of the ServiceAccount tokens of the soak's plugins and controllers. Each process loads its
+#: token once; with the e2e default (1 h) a plugin or a replica never restarted would get 401s once a
+#: long soak passes the hour. 12 h covers any documented run (the API server sets no maximum here).
+TOKEN_LIFETIME_S = 12 * 3600
 
 
 @dataclass
@@ -79,6 +83,10 @@ class SoakCluster:
         sc.start_nodes()
         first = next(iter(sc.nodes.values()))
         self.plugin_env = sc.workload("daemonsets", sc.plugin_sa, "plugin", first.nd.root / "config").env
+        for node in self.nodes.values():  # the plugins started with 1 h tokens: give them long ones
+            pod = sc.plugin_pod(node.name)
+            node.nd.kubeconfig = self._token(sc.plugin_sa, node.nd.root / "plugin.kubeconfig", pod)
+            self.restart_plugin(node)
         self.forwarder.start()
         for name in REPLICAS:
             self.start_replica(name)
@@ -119,7 +127,7 @@ class SoakCluster:
         ctrl = sc.workload("deployments", sc.controller_sa, "controller", sc.workdir / "config")
         identity = f"{sc.controller_sa}-{name}"
         args = [a.replace("$(POD_NAME)", identity) for a in ctrl.args]
-        kubeconfig = sc.sa_kubeconfig(sc.controller_sa, sc.workdir / f"controller-{name}.kubeconfig")
+        kubeconfig = self._token(sc.controller_sa, sc.workdir / f"controller-{name}.kubeconfig")
         env = {
             k: v for k, v in os.environ.items() if not k.startswith(("KUBECONFIG", "KUBERNETES_", "FLEXMIG_"))
         }
@@ -153,6 +161,12 @@ class SoakCluster:
         code = rep.proc.proc.wait(30)
         rep.proc._log.close()
         return code
+
+    def _token(self, sa: str, path: Path, bound_pod: Mapping[str, Any] | None = None) -> Path:
+        sc = self.scenario
+        return token_kubeconfig(
+            sc.cp, sc.api, sc.namespace, sa, path, bound_pod, expiration_s=TOKEN_LIFETIME_S
+        )
 
     def leader(self) -> str | None:
         leaders = [n for n, r in self.replicas.items() if r.leading()]
@@ -216,6 +230,16 @@ class SoakCluster:
 
     def restart_standin(self, node: SimNode) -> None:
         self.scenario.restart_standin(node.name)
+
+    def dead_standin_loops(self) -> list[str]:
+        """Threads of the kubelet stand-ins that ended (with the error each recorded): a node whose pod
+        worker died runs no pod again, which the invariants would blame on flexmig."""
+        out = []
+        for node in self.nodes.values():
+            dead = [t.name for t in node.standin._threads if not t.is_alive()]
+            if dead:
+                out.append(f"{node.name}: {dead}; errors {node.standin.errors[-3:]}")
+        return out
 
 
 def _b64(text: str) -> str:

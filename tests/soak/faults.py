@@ -24,8 +24,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kubernetes.client.exceptions import ApiException
-
 from controller.rest import request
 from tests.e2e.scenario import SimNode
 
@@ -90,19 +88,21 @@ def _etcd_compaction(ctx: FaultContext) -> tuple[bool, str]:
 
 
 def _watch_status(ctx: FaultContext, rv: str) -> int | None:
-    """The status of a claims watch from `rv`: 410 when its history is compacted away."""
+    """The status of a claims watch from `rv`: 410 when its history is compacted away (an ERROR event
+    in a 200 stream from the watch cache, or the response status), None when there is no answer."""
+    api = ctx.cluster.api
     query = [("watch", "1"), ("resourceVersion", rv), ("timeoutSeconds", "2")]
     try:
-        resp = ctx.cluster.api.call_api(
-            "/apis/resource.k8s.io/v1/resourceclaims", "GET", query_params=query, auth_settings=["BearerToken"],
-            _preload_content=False, _request_timeout=10,
+        method, url, headers, _, _ = api.param_serialize(
+            method="GET", resource_path="/apis/resource.k8s.io/v1/resourceclaims", query_params=query,
+            header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
         )  # fmt: skip
-        body = resp[0].data.decode()
-    except ApiException as exc:
-        return int(exc.status)
+        resp = api.rest_client.pool_manager.request(method, url, headers=headers, timeout=15)
     except Exception:  # the API server may still be coming back: no answer
         return None
-    for line in body.splitlines():
+    if resp.status != 200:
+        return int(resp.status)
+    for line in resp.data.decode(errors="replace").splitlines():
         event = json.loads(line) if line.strip() else {}
         if event.get("type") == "ERROR":
             return int((event.get("object") or {}).get("code") or 0)
@@ -149,12 +149,21 @@ def _leader_handover(ctx: FaultContext) -> tuple[bool, str]:
     )
 
 
-def _mig_node(ctx: FaultContext) -> SimNode:
-    return ctx.rng.choice([n for n in ctx.cluster.nodes.values() if n.spec.mode == "mig"])
+def _mig_node(ctx: FaultContext, busiest: bool) -> SimNode:
+    """A MIG node: the one with the fewest GPU instances (room for a new one, so a prepare happens) or,
+    if `busiest`, the most (a running pod to delete, so an unprepare happens); ties at random. Never the
+    burst node for a prepare: gated bursts wait for its every free slot (a 35-minute soak missed there)."""
+    nodes = [n for n in ctx.cluster.nodes.values() if n.spec.mode == "mig"]
+    if not busiest:
+        nodes = [n for n in nodes if n.name != ctx.churn.pinned_node] or nodes
+    ctx.rng.shuffle(nodes)
+    return sorted(nodes, key=lambda n: len(n.instances()), reverse=busiest)[0]
 
 
-def _plugin_crash(ctx: FaultContext, point: str, trigger: Callable[[SimNode], None]) -> tuple[bool, str]:
-    c, node = ctx.cluster, _mig_node(ctx)
+def _plugin_crash(
+    ctx: FaultContext, point: str, trigger: Callable[[SimNode], None], busiest: bool
+) -> tuple[bool, str]:
+    c, node = ctx.cluster, _mig_node(ctx, busiest)
     c.restart_plugin(node, crashpoints=point)
     trigger(node)
     fired = wait_for(node.nd.marker.exists, 120)
@@ -223,8 +232,12 @@ _FAULTS: dict[Fault, Callable[[FaultContext], tuple[bool, str]]] = {
     Fault.CTRL_CRASH_CLAIM_WRITES: _controller_crash("before-allocation-write"),
     Fault.CTRL_CRASH_GATE: _controller_crash("before-gate-removal"),
     Fault.LEADER_HANDOVER: _leader_handover,
-    Fault.PLUGIN_CRASH_PREPARE: lambda ctx: _plugin_crash(ctx, "after-ci-create", _prepare_trigger(ctx)),
-    Fault.PLUGIN_CRASH_UNPREPARE: lambda ctx: _plugin_crash(ctx, "mid-destroy", _unprepare_trigger(ctx)),
+    Fault.PLUGIN_CRASH_PREPARE: lambda ctx: _plugin_crash(
+        ctx, "after-ci-create", _prepare_trigger(ctx), False
+    ),
+    Fault.PLUGIN_CRASH_UNPREPARE: lambda ctx: _plugin_crash(
+        ctx, "mid-destroy", _unprepare_trigger(ctx), True
+    ),
     Fault.KUBELET_RESTART: _kubelet_restart,
     Fault.WEBHOOK_UNREACHABLE: _webhook_unreachable,
 }

@@ -137,6 +137,11 @@ class Soak:
                 time.sleep(cfg.tick_s)
                 continue
             churn.observe(truth.pods)
+            dead = cluster.dead_standin_loops()
+            if dead:
+                self.record([Violation("harness-loop-dead", "kubelet stand-in", "a stand-in thread ended; "
+                                       "this run's node results cannot be trusted", "; ".join(dead))],
+                            f"cycle {cycle}")  # fmt: skip
             self.record(self._checked("continuous", invariants.continuous, truth), f"cycle {cycle}")
             self.record(self._checked("reasons", self.reasons.check, truth), f"cycle {cycle}")
             self.say(self._progress(cycle, truth, churn))

@@ -186,8 +186,9 @@ class Churn:
     # --- objects ----------------------------------------------------------------------------------
 
     def _name(self, kind: PodKind) -> str:
-        self._seq += 1
-        return f"{kind.value}-{self._seq:05d}"
+        with self._lock:  # the fault matrix creates pods from the main thread while the churn runs
+            self._seq += 1
+            return f"{kind.value}-{self._seq:05d}"
 
     def hami_pod(self, name: str, gpus: int, mib: int, mode: str | None, node: str | None = None) -> Obj:
         meta: Obj = {"name": name, "labels": {SOAK_LABEL: "1"}}
