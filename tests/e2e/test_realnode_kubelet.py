@@ -6,7 +6,8 @@ shim path of test_shim_scenarios.py: the webhook rewrites a HAMi-style pod, the 
 kube-scheduler binds). The plugin is registered through the kubelet's own plugin watcher; kubelet calls
 NodePrepareResources / NodeUnprepareResources itself, and containerd injects our CDI devices into the
 container. What is stood in (GPUs, their device nodes, the driver's /proc and files, the plugin's pod)
-is listed in realnode/scenario.py.
+is listed in realnode/scenario.py. crictl (built apart, k8sbuild/node/build.sh crictl) checks what the
+runtime itself holds, and a failing test's message ends with the node's `crictl ps -a`.
 """
 
 from __future__ import annotations
@@ -31,7 +32,14 @@ from .objects import claim_body
 from .plugin_harness import wait_slices
 from .realnode.images import TEST_IMAGE
 from .realnode.node import TOLERATE_ALL, NodeBinaries
-from .realnode.scenario import DRIVER_LIBS, FAKE_CAPS_MAJOR, LIB_DIR, RealNodeScenario, RealSimNode
+from .realnode.scenario import (
+    DRIVER_LIBS,
+    FAKE_CAPS_MAJOR,
+    LIB_DIR,
+    RealNodeScenario,
+    RealSimNode,
+    dump_crictl_on_failure,
+)
 from .scenario import NodeSpec, ScenarioOptions
 
 pytestmark = pytest.mark.e2e
@@ -154,6 +162,37 @@ def check_container_sees_its_instances(
     assert "/usr/bin/nvidia-smi" in files
 
 
+def check_runtime_view(
+    node: RealSimNode, pod: dict[str, Any], realised: list[tuple[int, int, int, str]], spec: dict[str, Any]
+) -> None:
+    """What containerd itself holds, through crictl: the pod's sandbox is Ready, and its container was
+    created with our CDI devices, whose edits put the MIG UUIDs and caps nodes into the OCI spec."""
+    meta = pod["metadata"]
+    sandboxes = node.real.crictl_json(
+        "pods", "--name", meta["name"], "--namespace", meta["namespace"], "-o", "json"
+    )["items"]
+    mine = [s for s in sandboxes if s["metadata"]["uid"] == meta["uid"]]
+    assert len(mine) == 1, f"crictl pods: one sandbox for {meta['name']} wanted, got {sandboxes}"
+    [sandbox] = mine
+    assert sandbox["state"] == "SANDBOX_READY", sandbox
+    [ctr] = node.real.crictl_json("ps", "--pod", sandbox["id"], "--name", "main", "-o", "json")["containers"]
+    assert ctr["state"] == "CONTAINER_RUNNING", ctr
+    assert pod["status"]["containerStatuses"][0]["containerID"] == f"containerd://{ctr['id']}"
+    info = node.real.crictl_json("inspect", ctr["id"])["info"]
+    asked = sorted(d["name"] for d in info["config"].get("CDI_devices") or ())
+    assert asked == sorted(f"{spec['kind']}={d['name']}" for d in spec["devices"]), info["config"]
+    oci = info["runtimeSpec"]
+    env = dict(e.split("=", 1) for e in oci["process"]["env"])
+    assert sorted(env["NVIDIA_VISIBLE_DEVICES"].split(",")) == sorted(u for *_, u in realised), env
+    devices = {d["path"]: d for d in oci["linux"]["devices"]}
+    for gpu, gi, ci, _ in realised:
+        for minor in (mig_cap_minor(gpu, gi), mig_cap_minor(gpu, gi, ci)):
+            path = f"/dev/nvidia-caps/nvidia-cap{minor}"
+            assert path in devices, f"{path} not in the OCI spec's devices {sorted(devices)}"
+            dev = devices[path]
+            assert (dev["type"], dev["major"], dev["minor"]) == ("c", FAKE_CAPS_MAJOR, minor), dev
+
+
 def claim_uids(sc: RealNodeScenario, pod: dict[str, Any]) -> list[str]:
     return [c["metadata"]["uid"] for c in sc.claims_of(pod)]
 
@@ -174,6 +213,7 @@ def validate_cdi_dir(sc: RealNodeScenario, node: RealSimNode) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
+@dump_crictl_on_failure
 def test_plugin_registered_through_the_kubelets_plugin_watcher(sc: RealNodeScenario) -> None:
     node = the_node(sc)
     assert node.plugin is not None
@@ -185,6 +225,7 @@ def test_plugin_registered_through_the_kubelets_plugin_watcher(sc: RealNodeScena
     assert "nvidia-cdi-hook not found" in node.plugin.log_text()
 
 
+@dump_crictl_on_failure
 def test_guide_pod_runs_in_a_real_container_and_gives_its_instances_back(sc: RealNodeScenario) -> None:
     ns = sc.test_namespace("real-guide")
     node = the_node(sc)
@@ -198,7 +239,9 @@ def test_guide_pod_runs_in_a_real_container_and_gives_its_instances_back(sc: Rea
     check_container_sees_its_instances(node, output, realised)
     [uid] = claim_uids(sc, pod)
     spec_path = node.nd.cdi_dir / spec_file_name(uid)
-    assert json.loads(spec_path.read_text())["kind"] == "gpu.flexmig.dev/mig"
+    spec = json.loads(spec_path.read_text())
+    assert spec["kind"] == "gpu.flexmig.dev/mig"
+    check_runtime_view(node, pod, realised, spec)
     validate_cdi_dir(sc, node)  # the reference library accepts what containerd just used
 
     sc.delete_pod(ns, "guide", wait_s=90)
@@ -210,6 +253,7 @@ def test_guide_pod_runs_in_a_real_container_and_gives_its_instances_back(sc: Rea
     assert calls and not any(e.get("failed") for e in calls), calls
 
 
+@dump_crictl_on_failure
 def test_resource_claim_pod_survives_plugin_and_kubelet_restarts(sc: RealNodeScenario) -> None:
     ns = sc.test_namespace("real-claim")
     node = the_node(sc)

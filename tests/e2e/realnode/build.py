@@ -2,6 +2,10 @@
 
 `FLEXMIG_NODE_BIN` may point at a directory with them instead (kubelet, containerd, ctr,
 containerd-shim-runc-v2, runc, cdivalidate, busybox).
+
+crictl (for debugging a real-node test) is cached apart from that set, in its own directory, so that
+it never invalidates the set's cache: `crictl_binary()` finds or builds it (`build.sh crictl`).
+`FLEXMIG_CRICTL` may name a crictl binary instead; a `crictl` inside `FLEXMIG_NODE_BIN` is used too.
 """
 
 from __future__ import annotations
@@ -12,23 +16,63 @@ from pathlib import Path
 
 NODE_BUILD_SCRIPT = Path(__file__).resolve().parents[1] / "k8sbuild" / "node" / "build.sh"
 
+# The outcome of the first crictl lookup in this process (a path or the error): a failed build is
+# not retried by every test that wants crictl for a failure dump.
+_crictl: dict[str, Path | str] = {}
+
 
 class NodeBuildError(RuntimeError):
     pass
+
+
+def _run_build(args: list[str], timeout_s: float) -> Path:
+    """Runs build.sh with `args` and returns the path its last stdout line names."""
+    proc = subprocess.run(
+        ["bash", str(NODE_BUILD_SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    what = " ".join([str(NODE_BUILD_SCRIPT), *args])
+    if proc.returncode != 0:
+        raise NodeBuildError(f"{what} failed with exit code {proc.returncode}:\n{proc.stderr[-6000:]}")
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    if not lines:
+        raise NodeBuildError(f"{what} printed no path")
+    return Path(lines[-1].strip())
 
 
 def build_node_binaries(timeout_s: float = 3 * 3600) -> Path:
     override = os.environ.get("FLEXMIG_NODE_BIN")
     if override:
         return Path(override)
-    proc = subprocess.run(
-        ["bash", str(NODE_BUILD_SCRIPT)], capture_output=True, text=True, timeout=timeout_s, check=False
-    )
-    if proc.returncode != 0:
-        raise NodeBuildError(
-            f"{NODE_BUILD_SCRIPT} failed with exit code {proc.returncode}:\n{proc.stderr[-6000:]}"
-        )
-    lines = [line for line in proc.stdout.splitlines() if line.strip()]
-    if not lines:
-        raise NodeBuildError(f"{NODE_BUILD_SCRIPT} printed no bin directory")
-    return Path(lines[-1].strip())
+    return _run_build([], timeout_s)
+
+
+def crictl_binary(timeout_s: float = 3600) -> Path:
+    """The crictl binary (sigs.k8s.io/cri-tools, version in k8sbuild/node/versions.env).
+
+    Instant when cached (build_node_binaries() has built it already unless its build failed); raises
+    NodeBuildError with the build's error otherwise, the same error on every later call.
+    """
+    if "path" in _crictl:
+        return Path(_crictl["path"])
+    if "error" in _crictl:
+        raise NodeBuildError(str(_crictl["error"]))
+    override = os.environ.get("FLEXMIG_CRICTL")
+    node_bin = os.environ.get("FLEXMIG_NODE_BIN")
+    try:
+        if override:
+            path = Path(override)
+        elif node_bin and (Path(node_bin) / "crictl").is_file():
+            path = Path(node_bin) / "crictl"
+        else:
+            path = _run_build(["crictl"], timeout_s)
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise NodeBuildError(f"crictl: {path} is not an executable file")
+    except (NodeBuildError, OSError, subprocess.SubprocessError) as exc:
+        _crictl["error"] = str(exc)
+        raise NodeBuildError(str(exc)) from exc
+    _crictl["path"] = path
+    return path

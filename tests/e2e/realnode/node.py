@@ -11,6 +11,8 @@ nothing touches the machine's own container runtime or kubelet (if any):
   QoS cgroups, own root dir (its plugin watcher reads `<root>/plugins_registry`), own ports, pod logs
   under its root, the control plane's DRA feature gates, credentials of `system:node:<name>`.
 - images come from no registry: `images.py` writes OCI layout tars imported with `ctr`.
+- crictl: `<node root>/crictl.yaml` points crictl at this containerd's CRI socket; `RealNode.crictl()`
+  runs it (`crictl --config <node root>/crictl.yaml ...`), by hand the same command debugs a kept node.
 
 The node reports NotReady (no pod network), which the node lifecycle controller turns into not-ready
 taints: test pods tolerate them (`TOLERATE_ALL`) and run with `hostNetwork: true`.
@@ -19,6 +21,7 @@ taints: test pods tolerate them (`TOLERATE_ALL`) and run with `hostNetwork: true
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -31,6 +34,7 @@ from typing import Any
 import yaml
 
 from ..cluster import FEATURE_GATES, Component, ControlPlane, free_port, tail, wait_until
+from .build import crictl_binary
 from .images import PAUSE_ENTRYPOINT, PAUSE_IMAGE, TEST_IMAGE, write_image_tar
 
 TOLERATE_ALL = [{"operator": "Exists"}]
@@ -81,6 +85,14 @@ state = "{root / "state"}"
 [{cri_runtime}.containerd.runtimes.runc.options]
   BinaryName = "{runc}"
 """
+
+
+def crictl_config(containerd_sock: Path) -> str:
+    """crictl's config file: both endpoints are the node's containerd (its CRI plugin)."""
+    endpoint = f"unix://{containerd_sock}"
+    return yaml.safe_dump(
+        {"runtime-endpoint": endpoint, "image-endpoint": endpoint, "timeout": 10, "debug": False}
+    )
 
 
 def kubelet_config(root: Path, containerd_sock: Path) -> dict[str, Any]:
@@ -155,6 +167,10 @@ class RealNode:
     def pod_logs_dir(self) -> Path:
         return self.kubelet_root / "pod-logs"
 
+    @property
+    def crictl_config_path(self) -> Path:
+        return self.root / "crictl.yaml"
+
     # --- lifecycle --------------------------------------------------------------------------------
 
     def _env(self) -> dict[str, str]:
@@ -173,6 +189,7 @@ class RealNode:
     def start_containerd(self, timeout_s: float = 60.0) -> None:
         config = self.ctrd_root / "config.toml"
         config.write_text(containerd_config(self.ctrd_root, self.bins["runc"], self.cdi_dir))
+        self.crictl_config_path.write_text(crictl_config(self.sock))
         self.containerd = Component(
             "containerd", [self.bins["containerd"], "--config", str(config)], self.log_dir / "containerd.log"
         )
@@ -194,6 +211,34 @@ class RealNode:
         if check and proc.returncode != 0:
             raise RuntimeError(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr.strip()}")
         return proc
+
+    def crictl(
+        self, *args: str, check: bool = True, timeout_s: float = 30.0
+    ) -> subprocess.CompletedProcess[str]:
+        """crictl against this node's containerd (crictl.yaml); builds crictl on first use if needed."""
+        argv = [str(crictl_binary()), "--config", str(self.crictl_config_path), *args]
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout_s, check=False, env=self._env()
+        )
+        if check and proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr.strip()}")
+        return proc
+
+    def crictl_json(self, *args: str) -> Any:
+        """The parsed JSON output of `crictl <args> -o json` (or of `crictl inspect*`, JSON by default)."""
+        return json.loads(self.crictl(*args).stdout)
+
+    def crictl_dump(self) -> str:
+        """`crictl ps -a` and `crictl pods` for a failure message; never raises."""
+        parts = []
+        for args in (("ps", "-a"), ("pods",)):
+            try:
+                proc = self.crictl(*args, check=False)
+                text = proc.stdout.strip() or proc.stderr.strip()
+            except Exception as exc:  # a debugging aid must not hide the test's failure
+                text = f"(crictl unavailable: {exc})"
+            parts.append(f"$ crictl --config {self.crictl_config_path} {' '.join(args)}\n{text}")
+        return "\n".join(parts)
 
     def import_images(self) -> None:
         busybox = Path(self.bins["busybox"])

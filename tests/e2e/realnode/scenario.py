@@ -25,12 +25,14 @@ The node is not labelled `nvidia.com/gpu.present`, so the DaemonSet places no po
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import stat
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from kubernetes.client.exceptions import ApiException
 
@@ -44,6 +46,9 @@ from ..plugin_harness import PluginProcess, instances, scrape, wait_slices
 from ..scenario import NodeSpec, Scenario, ScenarioOptions
 from .images import TEST_IMAGE
 from .node import TOLERATE_ALL, NodeBinaries, RealNode
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 FAKE_CAPS_MAJOR = 4000
 STANDIN_RDEV = os.stat("/dev/null").st_rdev  # 1:3 on Linux
@@ -253,3 +258,21 @@ class RealNodeScenario(Scenario):
                 request(self.api, "POST", "/apis/resource.k8s.io/v1/deviceclasses", body)
         self.api.close()
         assert not problems, "\n".join(problems)
+
+
+def dump_crictl_on_failure(test: Callable[P, R]) -> Callable[P, R]:
+    """Decorates a test taking a `RealNodeScenario`: when it fails, the failure message ends with
+    `crictl ps -a` / `crictl pods` of every real node (what the runtime itself had at that moment)."""
+
+    @functools.wraps(test)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return test(*args, **kwargs)
+        except Exception as exc:
+            for sc in [*args, *kwargs.values()]:
+                if isinstance(sc, RealNodeScenario):
+                    for node in sc.real_nodes.values():
+                        exc.add_note(f"--- the runtime of node {node.name}:\n{node.real.crictl_dump()}")
+            raise
+
+    return wrapper

@@ -11,13 +11,26 @@
 #   cdivalidate                 our CDI validator (cdivalidate/main.go) on the CDI reference library
 #   busybox                     copied from Debian's busybox-static (installed with apt-get when missing):
 #                               the only program in the test images (tests/e2e/realnode/images.py)
+#   crictl                      sigs.k8s.io/cri-tools (crictl/go.mod here), for debugging a real-node
+#                               test; cached in its OWN directory (below), so adding or changing it
+#                               never invalidates the cache of the set above
+#
+# Usage: build.sh           the set above, then crictl; the last line printed is the main bin directory.
+#                           A failed crictl build is logged (stderr) but does not fail this mode: crictl
+#                           is a debugging aid and the main set stays usable.
+#        build.sh crictl    only crictl; the last line printed is the path of the crictl binary.
 #
 # Cached beside the control plane, under its own key so the control-plane cache stays valid:
 #   ${FLEXMIG_K8S_CACHE:-$HOME/.cache/flexmig/k8s}/node-<versions>-<hash of our validator>/bin/
 # Built into a temporary directory renamed into place only when everything is built, so a second run is
-# instant and an interrupted run leaves no half-filled cache. On success the last line printed is the
-# bin directory.
+# instant and an interrupted run leaves no half-filled cache. crictl is cached the same way under
+#   ${FLEXMIG_K8S_CACHE:-$HOME/.cache/flexmig/k8s}/crictl-<version>-<hash of crictl/go.mod+go.sum>/bin/crictl
 set -euo pipefail
+mode="${1:-all}"
+case "$mode" in
+  all | crictl) ;;
+  *) echo "build.sh: unknown mode '$mode'; allowed: (none) or crictl" >&2; exit 2 ;;
+esac
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=../versions.env
@@ -35,6 +48,55 @@ binaries=(kubelet containerd ctr containerd-shim-runc-v2 runc cdivalidate busybo
 
 log() { printf '[nodebuild %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
+# Tolerant of a missing crictl/ so that the main set still builds; build_crictl then reports it.
+crictl_hash="$(cat "$here/crictl/go.mod" "$here/crictl/go.sum" 2>/dev/null | sha256sum | cut -c1-12)"
+crictl_final="$cache_root/crictl-${CRICTL_VERSION}-${crictl_hash}"
+
+# Builds crictl into its own cache directory (temp dir renamed into place); prints nothing on stdout.
+build_crictl() {
+  if [[ -x "$crictl_final/bin/crictl" ]]; then log "cached: $crictl_final/bin/crictl"; return 0; fi
+  command -v go >/dev/null || { log "go toolchain not found in PATH"; return 1; }
+  [[ -f "$here/crictl/go.mod" && -f "$here/crictl/go.sum" ]] \
+    || { log "$here/crictl/go.mod or go.sum is missing; run gen-gomod.sh crictl"; return 1; }
+  grep -Eq "^[[:space:]]*sigs\.k8s\.io/cri-tools ${CRICTL_VERSION//./\\.}( |$)" "$here/crictl/go.mod" \
+    || { log "$here/crictl/go.mod does not pin sigs.k8s.io/cri-tools $CRICTL_VERSION; run gen-gomod.sh crictl"; return 1; }
+  mkdir -p "$cache_root"
+  local start=$SECONDS
+  # Global (not local) so the EXIT trap still sees it when the script is interrupted.
+  cw="$(mktemp -d "$cache_root/.build-crictl-${CRICTL_VERSION}.XXXXXX")"
+  trap 'rm -rf "$cw"' EXIT
+  chmod 755 "$cw"
+  mkdir -p "$cw/bin" "$cw/src"
+  cp "$here/crictl/go.mod" "$here/crictl/go.sum" "$cw/src/"
+  log "building crictl (sigs.k8s.io/cri-tools $CRICTL_VERSION) ..."
+  if ! (cd "$cw/src" && GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath \
+    -ldflags "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=${CRICTL_VERSION}" \
+    -o "$cw/bin/crictl" sigs.k8s.io/cri-tools/cmd/crictl >&2); then
+    rm -rf "$cw"; trap - EXIT; log "building crictl failed"; return 1
+  fi
+  rm -rf "$cw/src"
+  # Atomic publish; a concurrent build that won the race is kept.
+  if ! mv -T "$cw" "$crictl_final" 2>/dev/null; then
+    if [[ -x "$crictl_final/bin/crictl" ]]; then rm -rf "$cw"; else
+      rm -rf "$crictl_final.stale.$$"; mv -T "$crictl_final" "$crictl_final.stale.$$" \
+        && mv -T "$cw" "$crictl_final" && rm -rf "$crictl_final.stale.$$"
+    fi
+  fi
+  trap - EXIT
+  log "built crictl in $((SECONDS - start))s: $crictl_final/bin/crictl"
+}
+
+if [[ "$mode" == crictl ]]; then
+  build_crictl
+  echo "$crictl_final/bin/crictl"
+  exit 0
+fi
+
+# In the default mode crictl is only a debugging aid: its failure is logged, never fatal.
+build_crictl_lenient() {
+  build_crictl || log "WARNING: crictl is unavailable (see above); the main node binaries are fine"
+}
+
 complete() {
   local b
   for b in "${binaries[@]}"; do [[ -x "$final/bin/$b" ]] || return 1; done
@@ -42,6 +104,7 @@ complete() {
 
 if complete; then
   log "cached: $final/bin"
+  build_crictl_lenient
   echo "$final/bin"
   exit 0
 fi
@@ -133,4 +196,5 @@ fi
 trap - EXIT
 rm -rf "$work"
 log "all node binaries built in $((SECONDS - total_start))s"
+build_crictl_lenient
 echo "$final/bin"
