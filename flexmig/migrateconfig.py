@@ -20,7 +20,6 @@ Pure apart from the catalog lookup (simulated discovery of each model's profile 
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,11 +28,10 @@ from controller.shim.defaults import ShimConfigError, parse_shim_defaults
 from driver import hamiconfig
 from driver.catalog.allowlist import AllowlistError, parse_allowlist
 from driver.catalog.models import GpuModel, resolve_model
-from driver.catalog.naming import is_valid_profile_name
+from driver.catalog.naming import is_valid_profile_name, rounded_name_match
 from driver.catalog.simulated import simulated_catalog
 from kubeletplugin.nodeconfig import check_scaling, check_split_count
 
-_NAME = re.compile(r"^(\d+)g\.(\d+)gb(.*)$")
 # nvidia.<key> -> chart value under deviceConfig
 _CARRIED = {
     "defaultMemory": "defaultMemory",
@@ -83,22 +81,8 @@ def offered_profiles(model_key: str) -> tuple[str, ...]:
 
 
 def map_profile(name: str, offered: Sequence[str]) -> str | None:
-    """`name` when offered; else the offered name with the same slice count and suffix whose size in
-    GB differs by at most 1 (a rounding difference, e.g. 7g.79gb -> 7g.80gb); else None."""
-    if name in offered:
-        return name
-    m = _NAME.match(name)
-    if m is None:
-        return None
-    best: tuple[int, str] | None = None
-    for other in offered:
-        o = _NAME.match(other)
-        if o is None or o.group(1) != m.group(1) or o.group(3) != m.group(3):
-            continue
-        diff = abs(int(o.group(2)) - int(m.group(2)))
-        if diff <= 1 and (best is None or diff < best[0]):
-            best = (diff, other)
-    return best[1] if best else None
+    """`name` when offered, else its rounding-difference twin (`rounded_name_match`), else None."""
+    return rounded_name_match(name, offered)
 
 
 def _strings(raw: Any, where: str) -> list[str]:

@@ -22,7 +22,7 @@ import structlog
 from driver.catalog.allowlist import DEFAULT_MIG_PROFILE_ALLOWLIST, MigProfileAllowlist
 from driver.catalog.builtin import builtin_profile_infos, builtin_sku
 from driver.catalog.models import model_for_nvml_name
-from driver.catalog.naming import profile_name
+from driver.catalog.naming import profile_name, rounded_name_match
 from driver.catalog.types import CatalogWarning, CatalogWarningKind, GpuCatalog, MigProfile, ProfileOrigin
 from driver.nvml.types import GiProfileInfo, GpuInfo, MigMode, NvmlError
 
@@ -187,16 +187,27 @@ def _allowed(
             "no migProfileAllowlist entry matches this GPU model; only the whole GPU is published",
         )
         return ()
-    offered_names = {p.name for p in offered}
+    offered_names = sorted({p.name for p in offered})
+    wanted: set[str] = set()
     for name in entry.profiles:
-        if name not in offered_names:
+        match = rounded_name_match(name, offered_names)
+        if match is None:
             warnings.add(
                 CatalogWarningKind.PROFILE_NOT_OFFERED,
                 f"allowlisted profile {name} is not offered by {warnings.model}; it offers: "
                 f"{', '.join(p.name for p in offered) or 'nothing'}",
                 name,
             )
-    wanted = set(entry.profiles)
+            continue
+        if match != name:
+            # HAMi's own guide and example config write 7g.79gb for the A100-80GB's full profile;
+            # dropping it would silently take the whole-GPU instance away from a HAMi user.
+            warnings.add(
+                CatalogWarningKind.PROFILE_NAME_ROUNDED,
+                f"allowlisted profile {name} is read as {match}, the name {warnings.model} gives it",
+                name,
+            )
+        wanted.add(match)
     return tuple(p for p in offered if p.name in wanted)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from enum import IntEnum
 from fractions import Fraction
 
@@ -121,3 +122,28 @@ def profile_suffix(name: str) -> str:
     if match is None:
         return ""
     return match.group(2) or ""
+
+
+_SIZE_NAME = re.compile(r"^(\d+)g\.(\d+)gb(.*)$")
+
+
+def rounded_name_match(name: str, offered: Sequence[str]) -> str | None:
+    """`name` when offered; else the offered name with the same slice count and suffix whose size in
+    GB differs by at most 1 and 2 % (a rounding difference: HAMi's user guide writes 7g.79gb for the A100-80GB
+    profile NVIDIA names 7g.80gb); else None."""
+    if name in offered:
+        return name
+    m = _SIZE_NAME.match(name)
+    if m is None:
+        return None
+    best: tuple[int, str] | None = None
+    for other in offered:
+        o = _SIZE_NAME.match(other)
+        if o is None or o.group(1) != m.group(1) or o.group(3) != m.group(3):
+            continue
+        size, other_size = int(m.group(2)), int(o.group(2))
+        diff = abs(other_size - size)
+        # At most 1 GB and 2 %: 79 vs 80 is rounding, 5 vs 6 (A100's 1g.5gb, A30's 1g.6gb) is not.
+        if diff <= 1 and diff * 50 <= max(size, other_size) and (best is None or diff < best[0]):
+            best = (diff, other)
+    return best[1] if best else None

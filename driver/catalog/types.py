@@ -12,6 +12,7 @@ class CatalogWarningKind(StrEnum):
     UNKNOWN_MODEL = "unknown-model"  # NVML name not in driver/catalog/models.py; NVML facts still used
     NO_ALLOWLIST_ENTRY = "no-allowlist-entry"  # no allowlist entry matches: whole GPU only
     PROFILE_NOT_OFFERED = "profile-not-offered"  # allowlisted name the GPU does not offer
+    PROFILE_NAME_ROUNDED = "profile-name-rounded"  # allowlisted name read as the GPU's name (7g.79gb)
     DUPLICATE_PROFILE_NAME = "duplicate-profile-name"  # two NVML profiles get the same name
     MIG_UNAVAILABLE = "mig-unavailable"  # the profile query failed (e.g. Ampere with MIG off)
     PROFILES_FROM_BUILTIN = "profiles-from-builtin"  # NVML refused with MIG off: built-in table used

@@ -125,3 +125,20 @@ def test_default_data_copy_is_independent() -> None:
     data = default_allowlist_data()
     data[0]["profiles"].append("x")
     assert "x" not in default_allowlist_data()[0]["profiles"]
+
+
+def test_hami_guides_7g_79gb_is_read_as_7g_80gb_with_a_warning() -> None:
+    """HAMi's guide and example config name the A100-80GB's full profile 7g.79gb; NVML says 7g.80gb."""
+    from driver.catalog.discover import discover
+    from driver.catalog.types import CatalogWarningKind
+    from driver.nvml.sim import SimGpuSpec, init_memory_sim, open_sim
+
+    allowlist = parse_allowlist(
+        [{"models": ["A100-SXM4-80GB"], "profiles": ["1g.10gb", "7g.79gb", "5g.99gb"]}]
+    )
+    with open_sim(init_memory_sim([SimGpuSpec("A100-80GB")])) as nvml:
+        catalog = discover(nvml, 0, allowlist)
+    assert {p.name for p in catalog.profiles} == {"1g.10gb", "7g.80gb"}
+    kinds = {(w.kind, w.profile) for w in catalog.warnings}
+    assert (CatalogWarningKind.PROFILE_NAME_ROUNDED, "7g.79gb") in kinds
+    assert (CatalogWarningKind.PROFILE_NOT_OFFERED, "5g.99gb") in kinds
