@@ -28,11 +28,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from api.constants import DRIVER_NAME
-from controller.cel import CelEnvironment
-from controller.decide import Decider
-from controller.inventory import Inventory
-from controller.ledger import Ledger
-from controller.requests import CandidateIndex
+from controller.allocation.decide import Decider
+from controller.claims.cel import CelEnvironment
+from controller.claims.requests import CandidateIndex
+from controller.state.inventory import Inventory
+from controller.state.ledger import Ledger
 from driver.policy.allocator import FirstFitPolicy, PackingPolicy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "unit" / "controller"))

@@ -48,16 +48,16 @@ from driver.catalog.discover import discover_all  # noqa: E402
 from driver.nvml.port import Nvml  # noqa: E402
 from driver.nvml.sim import SimAdmin, SimGpuSpec, init_sim_state, open_sim  # noqa: E402
 from flexmig.logsetup import configure_logging  # noqa: E402
-from kubeletplugin.checkpoint import CheckpointStore  # noqa: E402
-from kubeletplugin.crashpoints import Crashpoints  # noqa: E402
+from kubeletplugin.agent.crashpoints import Crashpoints  # noqa: E402
+from kubeletplugin.agent.metrics import NodeMetrics  # noqa: E402
+from kubeletplugin.checkpoint.store import CheckpointStore  # noqa: E402
 from kubeletplugin.grpcserver import ClaimRef  # noqa: E402
-from kubeletplugin.inventory import Inventory  # noqa: E402
-from kubeletplugin.kubeapi import AllocatedDevice, ClaimNotFound, ClaimView, PodRef  # noqa: E402
-from kubeletplugin.metrics import NodeMetrics  # noqa: E402
-from kubeletplugin.migmode import MigModeManager  # noqa: E402
-from kubeletplugin.nvmlops import NvmlOps  # noqa: E402
-from kubeletplugin.preparer import Preparer  # noqa: E402
-from kubeletplugin.statuswriter import StatusWriter  # noqa: E402
+from kubeletplugin.kube.kubeapi import AllocatedDevice, ClaimNotFound, ClaimView, PodRef  # noqa: E402
+from kubeletplugin.kube.statuswriter import StatusWriter  # noqa: E402
+from kubeletplugin.prepare.migmode import MigModeManager  # noqa: E402
+from kubeletplugin.prepare.nvmlops import NvmlOps  # noqa: E402
+from kubeletplugin.prepare.preparer import Preparer  # noqa: E402
+from kubeletplugin.publish.inventory import Inventory  # noqa: E402
 
 T = TypeVar("T")
 NODE = "bench-node"

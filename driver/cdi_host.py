@@ -9,7 +9,7 @@ otherwise from the numbers the driver registers:
 - `/dev/nvidia-uvm` / `-uvm-tools`: the `nvidia-uvm` major from `/proc/devices`, minors 0 and 1;
 - `/dev/nvidia-caps/nvidia-cap<N>`: the `nvidia-caps` major from `/proc/devices`, minor N from
   `/proc/driver/nvidia-caps/mig-minors` (the plugin creates these nodes itself, as the driver's
-  nvidia-modprobe does; see kubeletplugin/devnodes.py).
+  nvidia-modprobe does; see kubeletplugin/prepare/devnodes.py).
 
 Host paths are resolved under a dev root (where `/dev` is) and a driver root (where the driver's
 libraries and binaries are, e.g. `/run/nvidia/driver` with a containerised driver); container paths are

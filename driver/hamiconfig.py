@@ -17,7 +17,7 @@ HAMi's scheduler reads `device-config.yaml` from its device ConfigMap:
 
 flexmig's plugin and controller read the same file. Each component parses the keys it uses itself
 (the allowlist in driver/catalog/allowlist.py, the webhook's keys in controller/shim/defaults.py, the
-hami-core keys in kubeletplugin/config.py); this module says where the document is (a ConfigMap, its
+hami-core keys in kubeletplugin/settings/config.py); this module says where the document is (a ConfigMap, its
 data, or the file) and which keys flexmig as a whole does not use, so every component can log the
 same single warning naming them instead of dropping them silently. Pure: no I/O.
 """

@@ -128,7 +128,9 @@ def configure_logging(level: str = "info", fmt: LogFormat = "auto", component: s
         ],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
         logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),  # type: ignore[arg-type]
-        cache_logger_on_first_use=True,
+        # Long-running services cache their loggers (speed); one-shot commands do not, so a command run
+        # inside another process (tests, tools) leaves no logger bound to its configuration.
+        cache_logger_on_first_use=component in _SERVICES,
     )
     if component in _SERVICES:
         # Long-running components: library records join the one stream. One-shot commands (status,

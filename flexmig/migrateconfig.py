@@ -30,7 +30,7 @@ from driver.catalog.allowlist import AllowlistError, parse_allowlist
 from driver.catalog.models import GpuModel, resolve_model
 from driver.catalog.naming import is_valid_profile_name, rounded_name_match
 from driver.catalog.simulated import simulated_catalog
-from kubeletplugin.nodeconfig import check_scaling, check_split_count
+from kubeletplugin.settings.nodeconfig import check_scaling, check_split_count
 
 # nvidia.<key> -> chart value under deviceConfig
 _CARRIED = {

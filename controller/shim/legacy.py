@@ -29,7 +29,7 @@ from api.constants import (
     VGPU_MODE_HAMI_CORE,
     VGPU_MODE_MIG,
 )
-from controller.quantity import QuantityError, parse_quantity
+from controller.claims.quantity import QuantityError, parse_quantity
 from controller.shim.defaults import RESOURCE_PRIORITY, ResourceNames, ShimDefaults
 
 LEGACY_RESOURCES = (RESOURCE_GPU, RESOURCE_GPUMEM, RESOURCE_GPUMEM_PERCENTAGE, RESOURCE_GPUCORES)

@@ -14,7 +14,7 @@ from typing import Any
 import structlog
 from kubernetes.client.exceptions import ApiException
 
-from controller.rest import request
+from controller.kube.rest import request
 
 log = structlog.get_logger(__name__)
 

@@ -23,7 +23,7 @@ from typing import Any, Protocol, TypeVar
 import structlog
 from kubernetes.client.exceptions import ApiException
 
-from controller.rest import request
+from controller.kube.rest import request
 from controller.webhook.certs import (
     DEFAULT_POLICY,
     CertBundle,

@@ -23,7 +23,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from api.constants import DRIVER_NAME
-from controller.rest import request
+from controller.kube.rest import request
 
 RESOURCE_API = "/apis/resource.k8s.io/v1"
 DEFAULT_TTL_S = 30.0

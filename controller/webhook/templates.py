@@ -23,7 +23,7 @@ import structlog
 from kubernetes.client.exceptions import ApiException
 
 from api.constants import DRIVER_NAME
-from controller.rest import MERGE_PATCH, request
+from controller.kube.rest import MERGE_PATCH, request
 from controller.shim import TemplateSpec, is_shim_template, template_names_used_by
 from controller.shim.templates import LABEL_SHIM_TEMPLATE
 

@@ -1,6 +1,6 @@
 """`flexmig controller`: the cluster-side allocator (mode `controller`), with leader election, metrics
 and /healthz on the metrics port, and the pod webhook (every replica serves it; only the leader writes:
-see controller/webhook/service.py). Every background loop runs under a LoopRunner: controller/process.py."""
+see controller/webhook/service.py). Every background loop runs under a LoopRunner: controller/runtime/process.py."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from kubernetes import config as kconfig
 
-    from controller.process import ControllerProcess, ProcessOptions
+    from controller.runtime.process import ControllerProcess, ProcessOptions
     from controller.webhook.server import bind_check
     from driver.policy.allocator import FirstFitPolicy, PackingPolicy
 
@@ -119,8 +119,8 @@ def run(args: argparse.Namespace) -> int:
         webhook_port=args.webhook_port or None,
     )
     # Kubernetes version and DRA API first: a log line, flexmig_preflight_ok and an event instead of
-    # a controller that misbehaves; it rechecks until they pass (controller/preflight.py).
-    from controller.preflight import Preflight
+    # a controller that misbehaves; it rechecks until they pass (controller/kube/preflight.py).
+    from controller.kube.preflight import Preflight
 
     preflight = Preflight(
         api, process.metrics.registry, os.environ.get("POD_NAMESPACE"), os.environ.get("POD_NAME")

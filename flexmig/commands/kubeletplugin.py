@@ -1,6 +1,6 @@
 """`flexmig kubeletplugin`: the node agent (DaemonSet) that prepares MIG devices for kubelet.
 
-Every flag has an environment-variable fallback (see `kubeletplugin.config.FLAGS`). Invalid settings
+Every flag has an environment-variable fallback (see `kubeletplugin.settings.config.FLAGS`). Invalid settings
 are reported as one line naming the flag and what is allowed, with exit code 2, before anything on the
 node is touched. Exit code 1 means a start-up failure after validation (NVML, checkpoint, sockets).
 """
@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from flexmig.logsetup import configure_logging
-from kubeletplugin.config import LOG_FORMATS, LOG_LEVELS, ConfigError, add_flags, load_config
+from kubeletplugin.settings.config import LOG_FORMATS, LOG_LEVELS, ConfigError, add_flags, load_config
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -21,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description=(
             "Registers with kubelet as DRA driver gpu.flexmig.dev, publishes this node's ResourceSlices, "
             "and prepares/unprepares claims by creating and destroying MIG instances through NVML. "
-            "Test-only fault injection: FLEXMIG_CRASHPOINTS (see kubeletplugin/crashpoints.py)."
+            "Test-only fault injection: FLEXMIG_CRASHPOINTS (see kubeletplugin/agent/crashpoints.py)."
         ),
     )
     add_flags(parser)
@@ -54,6 +54,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"flexmig kubeletplugin: {exc}", file=sys.stderr)
         return 2
     # Imported here: the CLI's other subcommands must not pay for grpc/kubernetes at start.
-    from kubeletplugin.main import run_plugin
+    from kubeletplugin.agent.main import run_plugin
 
     return run_plugin(cfg)

@@ -2,7 +2,7 @@
 
 One-shot: lists the driver's ResourceSlices and every ResourceClaim once (raw JSON, paged), and the
 Pods too when some allocated claim does not name its pod itself, then renders them with
-controller/statusview.py. Credentials come from `--kubeconfig`, else $KUBECONFIG, else ~/.kube/config,
+controller/views/statusview.py. Credentials come from `--kubeconfig`, else $KUBECONFIG, else ~/.kube/config,
 else the in-cluster service account. Any failure to reach or read the API is one line on stderr naming
 the problem, and exit status 2.
 """
@@ -95,7 +95,7 @@ def list_all(api: Any, path: str, timeout_s: float, field_selector: str = "") ->
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
 
-    from controller.rest import request
+    from controller.kube.rest import request
 
     what = path.rsplit("/", 1)[-1]
     items: list[dict[str, Any]] = []
@@ -124,8 +124,8 @@ def list_all(api: Any, path: str, timeout_s: float, field_selector: str = "") ->
 
 
 def run(args: argparse.Namespace) -> int:
-    from controller.inventory import Inventory
-    from controller.statusview import collect_allocations, render
+    from controller.state.inventory import Inventory
+    from controller.views.statusview import collect_allocations, render
 
     try:
         api = api_client(args.kubeconfig, args.context)
@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
 
         import yaml
 
-        from controller.statusdata import status_document
+        from controller.views.statusdata import status_document
 
         doc = status_document(Inventory(slices), allocations, node=args.node)
         text = (

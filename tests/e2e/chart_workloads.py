@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from controller.rest import request
+from controller.kube.rest import request
 
 from .cluster import ControlPlane, wait_until
 from .pki import b64

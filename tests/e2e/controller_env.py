@@ -19,15 +19,15 @@ from typing import Any, TypeVar
 from kubernetes import client as k8s
 
 from api.constants import DRIVER_NAME
-from controller.leader import LeaderElector
-from controller.loop import Controller
-from controller.rest import request
-from controller.watchcache import WatchCache
-from controller.writer import Writer
+from controller.allocation.loop import Controller
+from controller.kube.leader import LeaderElector
+from controller.kube.rest import request
+from controller.kube.watchcache import WatchCache
+from controller.kube.writer import Writer
 from driver.catalog.simulated import simulated_catalog
 from driver.catalog.types import GpuCatalog
-from kubeletplugin.nodeconfig import NodeConfig, OperatingMode
-from kubeletplugin.slices import build_node_slices
+from kubeletplugin.publish.slices import build_node_slices
+from kubeletplugin.settings.nodeconfig import NodeConfig, OperatingMode
 
 from .k8sobjects import create_namespace, create_ready_node, heartbeat_node
 

@@ -28,8 +28,8 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from api.constants import DRIVER_NAME
-from controller.podclaims import ClaimsPending, claim_names
-from controller.rest import claim_path, pod_path, request
+from controller.claims.podclaims import ClaimsPending, claim_names
+from controller.kube.rest import claim_path, pod_path, request
 
 from .plugin_harness import Kubelet
 

@@ -34,7 +34,7 @@ from kubernetes.watch.watch import iter_resp_lines
 
 from api.constants import DRIVER_NAME
 from api.gen.pluginregistration_v1 import api_pb2 as reg_pb2
-from controller.rest import request
+from controller.kube.rest import request
 
 from .k8sobjects import create_ready_node, heartbeat_node
 from .kubelet_pods import BACKOFF_MAX_S, BACKOFF_START_S, Action, PodView, PodWorker

@@ -39,7 +39,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from controller.rest import pod_path, request
+from controller.kube.rest import pod_path, request
 from driver.nvml.sim import SimGpuSpec
 
 from .chart_workloads import ChartNodeDir, ControllerProcess, Workload, token_kubeconfig, workload

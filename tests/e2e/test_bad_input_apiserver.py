@@ -12,7 +12,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from api.constants import ALLOCATION_GATE, DRIVER_NAME
-from controller.rest import request as rest
+from controller.kube.rest import request as rest
 
 from .cluster import ControlPlane
 from .k8sobjects import create_namespace

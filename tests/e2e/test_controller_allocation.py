@@ -14,8 +14,8 @@ from kubernetes import client as k8s
 from prometheus_client import generate_latest
 
 from api.constants import ALLOCATION_GATE, ANNOTATION_MIG_ALLOCATIONS, DRIVER_NAME
-from controller.rest import request
-from controller.writer import CONDITION_TYPE, FINALIZER
+from controller.kube.rest import request
+from controller.kube.writer import CONDITION_TYPE, FINALIZER
 
 from .cluster import ControlPlane
 from .controller_env import (

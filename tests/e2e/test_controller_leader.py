@@ -6,8 +6,8 @@ import time
 import uuid
 from collections.abc import Callable
 
-from controller.leader import LeaderElector
-from controller.rest import lease_path, request
+from controller.kube.leader import LeaderElector
+from controller.kube.rest import lease_path, request
 
 from .cluster import ControlPlane
 from .k8sobjects import create_namespace

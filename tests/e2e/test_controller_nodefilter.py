@@ -12,8 +12,8 @@ import pytest
 from kubernetes import client as k8s
 
 from api.constants import ALLOCATION_GATE, DRIVER_NAME
-from controller.rest import request
-from controller.writer import CONDITION_TYPE
+from controller.kube.rest import request
+from controller.kube.writer import CONDITION_TYPE
 
 from .cluster import ControlPlane
 from .controller_env import (

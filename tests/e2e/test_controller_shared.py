@@ -18,10 +18,10 @@ import pytest
 from kubernetes import client as k8s
 
 from api.constants import ALLOCATION_GATE, DRIVER_NAME
-from controller.quantity import parse_quantity
-from controller.rest import request
-from controller.writer import CONDITION_TYPE
-from kubeletplugin.nodeconfig import OperatingMode
+from controller.claims.quantity import parse_quantity
+from controller.kube.rest import request
+from controller.kube.writer import CONDITION_TYPE
+from kubeletplugin.settings.nodeconfig import OperatingMode
 
 from .cluster import ControlPlane
 from .controller_env import (

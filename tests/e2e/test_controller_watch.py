@@ -8,7 +8,7 @@ import time
 
 from kubernetes import client as k8s
 
-from controller.watchcache import Event, Reflector, Store
+from controller.kube.watchcache import Event, Reflector, Store
 
 from .cluster import ControlPlane
 from .k8sobjects import create_ready_node

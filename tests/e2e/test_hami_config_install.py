@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from api.constants import DeviceKind, parse_device_name
-from controller.rest import request
+from controller.kube.rest import request
 from driver.catalog.allowlist import DEFAULT_MIG_PROFILE_ALLOWLIST, parse_allowlist
 
 from .cluster import ControlPlane

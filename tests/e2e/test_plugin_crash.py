@@ -1,6 +1,6 @@
 """Crash matrix: kill -9 the plugin process at each step of prepare and unprepare, restart, converge.
 
-The plugin is started with `FLEXMIG_CRASHPOINTS=<point>` (fault injection, kubeletplugin/crashpoints.py):
+The plugin is started with `FLEXMIG_CRASHPOINTS=<point>` (fault injection, kubeletplugin/agent/crashpoints.py):
 at that step it writes a marker file and blocks; the test then sends a real SIGKILL. A fresh plugin
 process on the same simulator state, checkpoint and CDI dir must then converge: no leaked GI/CI, every
 claim's instances exist exactly once, and kubelet's retried call succeeds.

@@ -14,9 +14,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from controller.rest import request
+from controller.kube.rest import request
 from driver.nvml.sim import SimGpuSpec
-from kubeletplugin.nodeevents import COMPONENT
+from kubeletplugin.kube.nodeevents import COMPONENT
 
 from .cluster import ControlPlane, wait_until
 from .k8sobjects import create_ready_node

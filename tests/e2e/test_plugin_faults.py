@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from driver.nvml.sim import SimGpuSpec, open_sim
-from kubeletplugin.slices import slice_name_prefix
+from kubeletplugin.publish.slices import slice_name_prefix
 
 from .cluster import ControlPlane, wait_until
 from .k8sobjects import create_namespace, create_ready_node

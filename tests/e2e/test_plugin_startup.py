@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from controller.rest import request
+from controller.kube.rest import request
 from driver.nvml.sim import SimGpuSpec
 
 from .cluster import ControlPlane, wait_until

@@ -24,7 +24,7 @@ import pytest
 from api.constants import ALLOCATION_GATE, ANNOTATION_VGPU_MODE
 from api.gen.dra_v1 import api_pb2 as dra_pb2
 from api.gen.dra_v1 import api_pb2_grpc as dra_grpc
-from controller.rest import request
+from controller.kube.rest import request
 from driver.cdi import mig_cap_minor, spec_file_name
 
 from .cluster import ControlPlane, wait_until

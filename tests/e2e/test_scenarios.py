@@ -17,17 +17,17 @@ import pytest
 import yaml
 
 from api.constants import ALLOCATION_GATE, DRIVER_NAME, parse_device_name
-from controller.quantity import parse_quantity
-from controller.rest import request
-from controller.writer import CONDITION_TYPE, FINALIZER
+from controller.claims.quantity import parse_quantity
+from controller.kube.rest import request
+from controller.kube.writer import CONDITION_TYPE, FINALIZER
 from driver.catalog.allowlist import parse_allowlist
 from driver.catalog.discover import discover_all
 from driver.catalog.types import GpuCatalog
 from driver.nvml.sim import SimGpuInstanceView, open_sim
 from driver.nvml.types import GpuInstance, NvmlErrorCode, Placement
 from driver.placement.occupancy import Occupancy, OccupancyError
-from kubeletplugin.nodeconfig import OperatingMode, node_config_for
-from kubeletplugin.slices import build_node_slices
+from kubeletplugin.publish.slices import build_node_slices
+from kubeletplugin.settings.nodeconfig import OperatingMode, node_config_for
 
 from .cluster import ControlPlane, wait_until
 from .kubelet_pods import FAILED_PREPARE, PREPARED_CONDITION

@@ -25,8 +25,8 @@ from api.constants import (
     DeviceKind,
     parse_device_name,
 )
-from controller.quantity import parse_quantity
-from controller.rest import request
+from controller.claims.quantity import parse_quantity
+from controller.kube.rest import request
 from driver.cdi import spec_file_name
 from driver.migannotation import decode_mig_allocations
 

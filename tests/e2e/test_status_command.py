@@ -13,11 +13,11 @@ import yaml
 from kubernetes import client as k8s
 
 from api.constants import DRIVER_NAME
-from controller.rest import claim_path, request
+from controller.kube.rest import claim_path, request
 from driver.catalog.simulated import simulated_catalog
 from flexmig.cli import main
-from kubeletplugin.nodeconfig import NodeConfig, OperatingMode
-from kubeletplugin.slices import build_node_slices
+from kubeletplugin.publish.slices import build_node_slices
+from kubeletplugin.settings.nodeconfig import NodeConfig, OperatingMode
 
 from .cluster import ControlPlane
 from .k8sobjects import create_namespace

@@ -36,7 +36,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from api.constants import ALLOCATION_GATE
-from controller.rest import request as rest
+from controller.kube.rest import request as rest
 
 from .chart_workloads import ControllerProcess, token_kubeconfig, workload
 from .cluster import ControlPlane, free_port

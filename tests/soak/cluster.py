@@ -3,8 +3,8 @@ replicas behind a forwarder (the webhook's Service), and simulated nodes (plugin
 
 Besides setting it up, this module holds the levers the fault matrix pulls (faults.py): stopping and
 starting kube-apiserver, compacting etcd, killing a controller replica (optionally armed with a
-controller crashpoint, controller/crashpoints.py), restarting a node's plugin armed with a kubelet-plugin
-crashpoint (kubeletplugin/crashpoints.py), restarting a kubelet stand-in and pausing the webhook.
+controller crashpoint, controller/runtime/crashpoints.py), restarting a node's plugin armed with a kubelet-plugin
+crashpoint (kubeletplugin/agent/crashpoints.py), restarting a kubelet stand-in and pausing the webhook.
 """
 
 from __future__ import annotations

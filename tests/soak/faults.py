@@ -5,7 +5,7 @@
 | apiserver-restart | kube-apiserver stopped for `down_s`, then started again |
 | etcd-compaction | etcd compacted to its current revision, kube-apiserver restarted at once: every watch
   resumes from a compacted revision; a watch from the old revision must get 410 Gone |
-| controller-crash-between-claim-writes | the leader is restarted armed (controller/crashpoints.py) and
+| controller-crash-between-claim-writes | the leader is restarted armed (controller/runtime/crashpoints.py) and
   SIGKILLs itself after writing a claim's finalizer, before writing its allocation |
 | controller-crash-before-gate-removal | the same, after the allocation, before the pod's gate goes |
 | leader-handover | the leading replica is SIGKILLed during a burst; the other must take over |
@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from controller.rest import request
+from controller.kube.rest import request
 from tests.e2e.scenario import SimNode
 
 from .cluster import SoakCluster, wait_for

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from api.constants import ALLOCATION_GATE, DeviceKind
-from controller.quantity import parse_quantity
-from controller.writer import CONDITION_TYPE
+from controller.claims.quantity import parse_quantity
+from controller.kube.writer import CONDITION_TYPE
 from tests.e2e.kubelet_pods import PREPARED_CONDITION
 
 from .truth import Alloc, Obj, Truth

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from api.constants import DRIVER_NAME
-from controller.writer import FINALIZER
+from controller.kube.writer import FINALIZER
 
 from . import invariants, settle
 from .truth import Instance, Truth

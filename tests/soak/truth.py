@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from api.constants import DRIVER_NAME, DeviceKind, parse_device_name
-from controller.rest import request
+from controller.kube.rest import request
 from driver.nvml.sim import SimAdmin
 from tests.e2e.scenario import SimNode
 

@@ -22,7 +22,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from api.constants import ANNOTATION_VGPU_MODE, RESOURCE_GPU, RESOURCE_GPUMEM
-from controller.rest import claim_path, pod_path, request
+from controller.kube.rest import claim_path, pod_path, request
 from tests.e2e.objects import UNPULLABLE_IMAGE, claim_body, pod_body
 
 Obj = dict[str, Any]

@@ -19,8 +19,8 @@ import yaml
 from driver.catalog.allowlist import default_allowlist_data, parse_allowlist
 from driver.catalog.naming import PROFILE_NAME_PATTERN
 from flexmig.commands import controller as controller_cmd
-from kubeletplugin.config import LOG_FORMATS, LOG_LEVELS
-from kubeletplugin.nodeconfig import OperatingMode, parse_device_plugin_config
+from kubeletplugin.settings.config import LOG_FORMATS, LOG_LEVELS
+from kubeletplugin.settings.nodeconfig import OperatingMode, parse_device_plugin_config
 
 CHART = Path(__file__).resolve().parents[2] / "deployments" / "helm" / "flexmig"
 
@@ -108,9 +108,9 @@ def _exposed_metric_names() -> set[str]:
     """Every series name the controller and the plugin can expose (families and their samples)."""
     from prometheus_client import CollectorRegistry
 
-    from controller.metrics import ControllerMetrics
+    from controller.runtime.metrics import ControllerMetrics
     from controller.webhook.review import ReviewMetrics
-    from kubeletplugin.metrics import NodeMetrics
+    from kubeletplugin.agent.metrics import NodeMetrics
 
     names: set[str] = set()
     registries = [
@@ -126,7 +126,7 @@ def _exposed_metric_names() -> set[str]:
             )
             names.update({base, *(base + s for s in suffixes)})
     # Families that only show up once data exists (the leader's snapshot gauges).
-    from controller import metrics as cm
+    from controller.runtime import metrics as cm
 
     names.update(re.findall(r'"((?:flexmig|hami)_[a-z_]+)"', Path(cm.__file__).read_text()))
     return names

@@ -36,7 +36,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from kubernetes.client.exceptions import ApiException
 
-from controller.rest import request
+from controller.kube.rest import request
 from driver.cdi import mig_cap_minor
 from driver.nvml.sim import SimGpuSpec
 

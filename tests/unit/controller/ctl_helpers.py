@@ -6,16 +6,16 @@ import dataclasses
 from typing import Any
 
 from api.constants import DRIVER_NAME
-from controller.cel import CelEnvironment
-from controller.decide import Decider
-from controller.inventory import Inventory
-from controller.ledger import Ledger
-from controller.requests import CandidateIndex
+from controller.allocation.decide import Decider
+from controller.claims.cel import CelEnvironment
+from controller.claims.requests import CandidateIndex
+from controller.state.inventory import Inventory
+from controller.state.ledger import Ledger
 from driver.catalog.simulated import simulated_catalog
 from driver.catalog.types import GpuCatalog
 from driver.policy.allocator import PackingPolicy
-from kubeletplugin.nodeconfig import NodeConfig, OperatingMode
-from kubeletplugin.slices import build_node_slices
+from kubeletplugin.publish.slices import build_node_slices
+from kubeletplugin.settings.nodeconfig import NodeConfig, OperatingMode
 
 CLASS = "mig.gpu.flexmig.dev"
 CLASSES: dict[str, Any] = {

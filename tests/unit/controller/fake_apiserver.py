@@ -18,11 +18,11 @@ from ctl_helpers import CLASSES, node_slices
 from kubernetes.client.exceptions import ApiException
 
 from api.constants import ALLOCATION_GATE
-from controller.audit import Violation, audit_allocations
-from controller.loop import Controller
-from controller.metrics import ControllerMetrics
-from controller.watchcache import RESOURCES, Event, WatchCache, object_key
-from controller.writer import Writer
+from controller.allocation.loop import Controller
+from controller.kube.watchcache import RESOURCES, Event, WatchCache, object_key
+from controller.kube.writer import Writer
+from controller.runtime.metrics import ControllerMetrics
+from controller.state.audit import Violation, audit_allocations
 
 Obj = dict[str, Any]
 

@@ -10,14 +10,14 @@ from ctl_helpers import catalogs, node_slices
 from ctl_helpers import claim as ctl_claim
 
 from api.constants import DRIVER_NAME
-from controller.cel import CelEnvironment
-from controller.decide import Decider, Decision
-from controller.inventory import Inventory
-from controller.ledger import Ledger
-from controller.requests import CandidateIndex
+from controller.allocation.decide import Decider, Decision
+from controller.claims.cel import CelEnvironment
+from controller.claims.requests import CandidateIndex
+from controller.state.inventory import Inventory
+from controller.state.ledger import Ledger
 from driver.policy.allocator import PackingPolicy
-from kubeletplugin.nodeconfig import NodeConfig, OperatingMode
-from kubeletplugin.slices import build_node_slices
+from kubeletplugin.publish.slices import build_node_slices
+from kubeletplugin.settings.nodeconfig import NodeConfig, OperatingMode
 
 MIG = "mig.gpu.flexmig.dev"
 HAMI = "hami-core.gpu.flexmig.dev"

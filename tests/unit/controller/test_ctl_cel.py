@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from controller.cel import CelCompileError, CelDevice, CelEnvironment
-from controller.quantity import QuantityError, parse_quantity
+from controller.claims.cel import CelCompileError, CelDevice, CelEnvironment
+from controller.claims.quantity import QuantityError, parse_quantity
 
 DRV = "gpu.flexmig.dev"
 DEVICE = CelDevice.from_slice_device(

@@ -9,8 +9,8 @@ import threading
 from ctl_helpers import claim
 from fake_apiserver import Harness
 
-from controller.watchcache import Event
-from controller.writer import FINALIZER
+from controller.kube.watchcache import Event
+from controller.kube.writer import FINALIZER
 
 ONE_G = 'device.attributes["gpu.flexmig.dev"].profile == "1g.5gb"'
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from ctl_helpers import CLASSES, claim, decider, mem, node_slices
 
-from controller.decide import ControllerReason, Decision
-from controller.inventory import Inventory
+from controller.allocation.decide import ControllerReason, Decision
+from controller.state.inventory import Inventory
 from driver.catalog.simulated import simulated_catalog
 from driver.policy.model import ShortReason
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ctl_helpers import CLASSES, claim, decider, mem
 
-from controller.decide import ControllerReason
+from controller.allocation.decide import ControllerReason
 
 DISTINCT = [{"requests": ["gpu"], "distinctAttribute": "gpu.flexmig.dev/parentUUID"}]
 

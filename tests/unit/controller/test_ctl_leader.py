@@ -13,10 +13,10 @@ from ctl_helpers import claim
 from fake_apiserver import Harness
 from kubernetes.client.exceptions import ApiException
 
-import controller.leader as leader_mod
-import controller.loop as loop_mod
-from controller.leader import LeaderElector
-from controller.watchcache import Event
+import controller.allocation.loop as loop_mod
+import controller.kube.leader as leader_mod
+from controller.kube.leader import LeaderElector
+from controller.kube.watchcache import Event
 
 Obj = dict[str, Any]
 

@@ -12,9 +12,9 @@ from ctl_helpers import CLASS, CLASSES, claim, node_slices
 from kubernetes.client.exceptions import ApiException
 
 from api.constants import ALLOCATION_GATE
-from controller.loop import Controller
-from controller.watchcache import Event, WatchCache
-from controller.writer import FINALIZER, Writer
+from controller.allocation.loop import Controller
+from controller.kube.watchcache import Event, WatchCache
+from controller.kube.writer import FINALIZER, Writer
 
 Obj = dict[str, Any]
 
@@ -128,7 +128,7 @@ def test_the_pod_is_allocated_when_nothing_fails() -> None:
 
 
 def test_only_node_changes_the_filter_reads_wake_pending_pods() -> None:
-    from controller.loop import Pending
+    from controller.allocation.loop import Pending
 
     claims = [claim("a", 'device.attributes["gpu.flexmig.dev"].profile == "1g.5gb"')]
     ctl = _controller(FlakyWriter({"a": claims[0]}, TimeoutError(), fail_on=99), claims)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller.metrics import ControllerMetrics, Snapshot
+from controller.runtime.metrics import ControllerMetrics, Snapshot
 from driver.policy.model import GpuRef
 from driver.policy.shared import ShareAmount, SharedGpuState
 

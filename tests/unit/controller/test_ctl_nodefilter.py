@@ -1,4 +1,4 @@
-"""controller/nodefilter.py: kube-scheduler's NodeUnschedulable, NodeName, TaintToleration and NodeAffinity
+"""controller/allocation/nodefilter.py: kube-scheduler's NodeUnschedulable, NodeName, TaintToleration and NodeAffinity
 filters on camelCase Node/Pod dicts, and the Decider honouring them."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from ctl_helpers import CLASSES, claim, decider, mem
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controller.nodefilter import (
+from controller.allocation.nodefilter import (
     Exclusion,
     FilterPlugin,
     NodeFilter,

@@ -9,7 +9,7 @@ from shared_helpers import CLASSES, claim, decider, hami_body, mig_body, percent
 
 from api.constants import DRIVER_NAME
 from api.opaqueconfig import SharedGpuRequest, decode_parameters
-from controller.decide import ControllerReason
+from controller.allocation.decide import ControllerReason
 from controller.shim.legacy import Mode, Shape
 from controller.shim.templates import claim_spec
 

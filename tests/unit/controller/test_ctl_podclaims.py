@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from api.constants import DRIVER_NAME
-from controller.podclaims import split_share_problem
+from controller.claims.podclaims import split_share_problem
 
 SHARE = {"driver": DRIVER_NAME, "pool": "n", "device": "gpu-0-shared", "shareID": "s"}
 MIG = {"driver": DRIVER_NAME, "pool": "n", "device": "gpu-1-mig-1g5gb-19-0"}

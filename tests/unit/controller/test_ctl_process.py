@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from kubernetes import client as k8s
 
-from controller.process import ControllerProcess, ProcessOptions
+from controller.runtime.process import ControllerProcess, ProcessOptions
 
 
 class TcpApiServer:

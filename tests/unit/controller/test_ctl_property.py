@@ -6,7 +6,7 @@ twice, so it could not see a double allocation. This one drives the real `Contro
 against tests/unit/controller/fake_apiserver.py with pods, multi-claim pods, bursts competing for one
 kind of slot, deletions, late/interleaved/replayed watch events, relists lagging behind the controller's
 writes, injected 409/404/500 answers and leadership lost between writes (tests/unit/controller/churn.py),
-and audits the server after every step with controller/audit.py.
+and audits the server after every step with controller/state/audit.py.
 """
 
 from __future__ import annotations

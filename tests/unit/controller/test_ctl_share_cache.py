@@ -8,11 +8,11 @@ from typing import Any
 
 from shared_helpers import CLASSES, claim, commit, decider, hami_body, shared_slice
 
-from controller.cel import CelEnvironment
-from controller.decide import ControllerReason, Decider
-from controller.inventory import Inventory
-from controller.ledger import Ledger, ShareUse
-from controller.requests import CandidateIndex
+from controller.allocation.decide import ControllerReason, Decider
+from controller.claims.cel import CelEnvironment
+from controller.claims.requests import CandidateIndex
+from controller.state.inventory import Inventory
+from controller.state.ledger import Ledger, ShareUse
 from driver.policy.allocator import PackingPolicy
 from driver.policy.model import GpuRef
 from driver.policy.shared import ShareAmount

@@ -17,9 +17,9 @@ from shared_helpers import (
     used,
 )
 
-from controller.decide import ControllerReason
-from controller.inventory import Inventory
-from controller.ledger import ShareUse, claim_holdings
+from controller.allocation.decide import ControllerReason
+from controller.state.inventory import Inventory
+from controller.state.ledger import ShareUse, claim_holdings
 from driver.catalog.simulated import simulated_catalog
 from driver.policy.model import GpuRef, ShortReason
 
@@ -31,7 +31,7 @@ def _result(decision: object) -> dict[str, object]:
 
 
 def test_inventory_reads_shared_devices_of_the_plugin_builder() -> None:
-    from kubeletplugin.shareddevice import shared_gpu_device
+    from kubeletplugin.shared.device import shared_gpu_device
 
     catalog = simulated_catalog("A100-40GB")
     dev = shared_gpu_device(catalog, 7, {"index": {"int": 0}})
@@ -286,10 +286,10 @@ def test_a_node_with_both_kinds_takes_a_pod_mixing_them() -> None:
     from ctl_helpers import node_slices
     from shared_helpers import shared_slice
 
-    from controller.cel import CelEnvironment
-    from controller.decide import Decider
-    from controller.ledger import Ledger
-    from controller.requests import CandidateIndex
+    from controller.allocation.decide import Decider
+    from controller.claims.cel import CelEnvironment
+    from controller.claims.requests import CandidateIndex
+    from controller.state.ledger import Ledger
     from driver.policy.allocator import PackingPolicy
 
     both = shared_slice("n", [16000])

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from shared_helpers import CLASSES, any_claim, claim, decider, hami_body
 
-from controller.quantity import parse_quantity
+from controller.claims.quantity import parse_quantity
 
 ops = st.lists(
     st.one_of(

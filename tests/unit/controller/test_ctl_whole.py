@@ -8,15 +8,15 @@ from typing import Any
 from ctl_helpers import CLASSES, catalogs, claim, mem
 
 from api.constants import DRIVER_NAME
-from controller.cel import CelEnvironment
-from controller.decide import ControllerReason, Decider, Decision
-from controller.inventory import Inventory
-from controller.ledger import Ledger
-from controller.requests import CandidateIndex
+from controller.allocation.decide import ControllerReason, Decider, Decision
+from controller.claims.cel import CelEnvironment
+from controller.claims.requests import CandidateIndex
+from controller.state.inventory import Inventory
+from controller.state.ledger import Ledger
 from driver.policy.allocator import PackingPolicy
 from driver.policy.model import GpuRef, ShortReason
-from kubeletplugin.nodeconfig import NodeConfig, OperatingMode
-from kubeletplugin.slices import build_node_slices
+from kubeletplugin.publish.slices import build_node_slices
+from kubeletplugin.settings.nodeconfig import NodeConfig, OperatingMode
 
 WHOLE = "gpu.flexmig.dev"
 MIG = "mig.gpu.flexmig.dev"

@@ -1,4 +1,4 @@
-"""controller/preflight.py: the start-up checks judge /version, discovery and slices correctly."""
+"""controller/kube/preflight.py: the start-up checks judge /version, discovery and slices correctly."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry
 
 from api.constants import DRIVER_NAME
-from controller import preflight
-from controller.preflight import (
+from controller.kube import preflight
+from controller.kube.preflight import (
     NEEDED_RESOURCES,
     Preflight,
     check_partitionable,

@@ -11,8 +11,8 @@ import pytest
 from ctl_helpers import node_slices
 
 from api.constants import DRIVER_NAME
-from controller.inventory import Inventory
-from controller.statusview import CELL, UNKNOWN_POD, collect_allocations, render
+from controller.state.inventory import Inventory
+from controller.views.statusview import CELL, UNKNOWN_POD, collect_allocations, render
 from flexmig.cli import main
 
 

@@ -18,16 +18,16 @@ from driver.catalog.discover import discover_all
 from driver.hamicore import HamiCorePaths
 from driver.nvml.port import Nvml
 from driver.nvml.sim import MemoryState, SimAdmin, SimGpuSpec, init_sim_state, open_sim
-from kubeletplugin.checkpoint import CheckpointStore
-from kubeletplugin.crashpoints import Crashpoints
-from kubeletplugin.hamicoresupport import HamiCoreSupport
-from kubeletplugin.inventory import Inventory
-from kubeletplugin.kubeapi import ClaimNotFound, ClaimView
-from kubeletplugin.metrics import NodeMetrics
-from kubeletplugin.migmode import MigModeManager
-from kubeletplugin.nvmlops import NvmlOps
-from kubeletplugin.preparer import Preparer
-from kubeletplugin.statuswriter import StatusWriter
+from kubeletplugin.agent.crashpoints import Crashpoints
+from kubeletplugin.agent.metrics import NodeMetrics
+from kubeletplugin.checkpoint.store import CheckpointStore
+from kubeletplugin.kube.kubeapi import ClaimNotFound, ClaimView
+from kubeletplugin.kube.statuswriter import StatusWriter
+from kubeletplugin.prepare.migmode import MigModeManager
+from kubeletplugin.prepare.nvmlops import NvmlOps
+from kubeletplugin.prepare.preparer import Preparer
+from kubeletplugin.publish.inventory import Inventory
+from kubeletplugin.shared.hamicore import HamiCoreSupport
 
 MIG_MUTATIONS = ("nvmlDeviceSetMigMode", "nvmlDeviceCreateGpuInstanceWithPlacement", "nvmlGpuInstanceDestroy")
 
@@ -112,7 +112,7 @@ def make_node(
         paths.library.write_bytes(b"\x7fELF-fake-libvgpu")
     api = api or FakeApi()
     store = CheckpointStore(tmp_path / "state" / "checkpoint.json", "boot-1")
-    # Every name a GPU could have; the plugin restricts this to what it published (main.py).
+    # Every name a GPU could have; the plugin restricts this to what it published (kubeletplugin/agent/main.py).
     inventory = Inventory.from_catalogs(discover_all(nvml))
     migmode = MigModeManager(ops, {g.index: g for g in nvml.gpus()}, metrics)
     hami = None if hami_library is None else HamiCoreSupport(paths, node_name, metrics)

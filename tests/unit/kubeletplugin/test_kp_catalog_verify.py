@@ -22,10 +22,10 @@ from driver.catalog.types import ProfileOrigin
 from driver.nvml.port import Nvml
 from driver.nvml.sim import MigOffQueries, SimAdmin, SimGpuSpec, init_sim_state, open_sim
 from driver.nvml.types import GiProfileInfo, GpuInfo, MigMode, NvmlErrorCode
-from kubeletplugin.inventory import CatalogVerifier, Inventory, verifying_builder
-from kubeletplugin.nodeconfig import NodeConfig, OperatingMode
-from kubeletplugin.publisher import content_hash
-from kubeletplugin.slices import NodeSlices, build_node_slices
+from kubeletplugin.publish.inventory import CatalogVerifier, Inventory, verifying_builder
+from kubeletplugin.publish.publisher import content_hash
+from kubeletplugin.publish.slices import NodeSlices, build_node_slices
+from kubeletplugin.settings.nodeconfig import NodeConfig, OperatingMode
 
 NODE = NodeConfig(name="node-a", operating_mode=OperatingMode.MIG)
 ALLOW = DEFAULT_MIG_PROFILE_ALLOWLIST

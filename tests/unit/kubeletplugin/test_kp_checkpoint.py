@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kubeletplugin.checkpoint import CheckpointStore, read_boot_id
-from kubeletplugin.checkpoint_model import (
+from kubeletplugin.checkpoint.model import (
     CHECKPOINT_VERSION,
     Checkpoint,
     CheckpointCorrupt,
@@ -19,7 +18,8 @@ from kubeletplugin.checkpoint_model import (
     PreparedDeviceRecord,
     checkpoint_to_json,
 )
-from kubeletplugin.sharedcapacity import SharedShare
+from kubeletplugin.checkpoint.store import CheckpointStore, read_boot_id
+from kubeletplugin.shared.capacity import SharedShare
 
 BOOT = "4c8e2a4e-0000-4000-8000-000000000001"
 
@@ -164,7 +164,7 @@ def test_crash_leaves_old_checkpoint_and_temp_is_cleaned(
     def boom(src: str, dst: str) -> None:
         raise OSError("simulated crash before rename")
 
-    monkeypatch.setattr("kubeletplugin.checkpoint.os.replace", boom)
+    monkeypatch.setattr("kubeletplugin.checkpoint.store.os.replace", boom)
     with pytest.raises(OSError, match="simulated crash"):
         store.put_claim(_claim("uid-2"))
     monkeypatch.undo()

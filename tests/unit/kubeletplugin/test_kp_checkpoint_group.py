@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from kubeletplugin.checkpoint import CheckpointStore
-from kubeletplugin.checkpoint_model import Checkpoint, ClaimCheckpoint, ClaimState, PreparedDeviceRecord
+from kubeletplugin.checkpoint.model import Checkpoint, ClaimCheckpoint, ClaimState, PreparedDeviceRecord
+from kubeletplugin.checkpoint.store import CheckpointStore
 
 BOOT = "4c8e2a4e-0000-4000-8000-000000000002"
 DEADLINE_S = 10.0
@@ -94,7 +94,7 @@ def test_queued_writers_share_one_write_and_each_returns_durable(
     path = tmp_path / "cp.json"
     store = CheckpointStore(path, BOOT)
     gate = FsyncGate()
-    monkeypatch.setattr("kubeletplugin.checkpoint.os.fsync", gate)
+    monkeypatch.setattr("kubeletplugin.checkpoint.store.os.fsync", gate)
     out: dict[str, Any] = {}
     returned_durable: dict[str, bool] = {}
 
@@ -125,7 +125,7 @@ def test_mutations_apply_in_arrival_order_and_a_failing_one_fails_alone(
 ) -> None:
     store = CheckpointStore(tmp_path / "cp.json", BOOT)
     gate = FsyncGate()
-    monkeypatch.setattr("kubeletplugin.checkpoint.os.fsync", gate)
+    monkeypatch.setattr("kubeletplugin.checkpoint.store.os.fsync", gate)
     out: dict[str, Any] = {}
 
     def add_and_count(uid: str) -> Callable[[], Any]:
@@ -157,7 +157,7 @@ def test_failed_write_fails_every_waiter_and_keeps_the_previous_file(
     store = CheckpointStore(path, BOOT)
     store.put_claim(_claim("before"))
     gate = FsyncGate()
-    monkeypatch.setattr("kubeletplugin.checkpoint.os.fsync", gate)
+    monkeypatch.setattr("kubeletplugin.checkpoint.store.os.fsync", gate)
     real_replace = os.replace
     uids = [f"lost{i}" for i in range(5)]
 
@@ -167,7 +167,7 @@ def test_failed_write_fails_every_waiter_and_keeps_the_previous_file(
             raise OSError("simulated failed write")
         real_replace(src, dst)
 
-    monkeypatch.setattr("kubeletplugin.checkpoint.os.replace", replace)
+    monkeypatch.setattr("kubeletplugin.checkpoint.store.os.replace", replace)
     out: dict[str, Any] = {}
     threads = _hold_first_writer(
         store, gate, out, {u: (lambda u=u: store.put_claim(_claim(u))) for u in uids}

@@ -9,9 +9,9 @@ from typing import Any
 from test_kp_slices import NODE, catalogs_for
 
 from driver.catalog.types import GpuCatalog
-from kubeletplugin.nodeconfig import NodeConfig, OperatingMode
-from kubeletplugin.shareddevice import ShareEnforcement
-from kubeletplugin.slices import SHARES_REFUSED_REASON, NodeSlices, build_node_slices
+from kubeletplugin.publish.slices import SHARES_REFUSED_REASON, NodeSlices, build_node_slices
+from kubeletplugin.settings.nodeconfig import NodeConfig, OperatingMode
+from kubeletplugin.shared.device import ShareEnforcement
 
 AUTO = NodeConfig(NODE, OperatingMode.AUTO)
 HAMI = NodeConfig(NODE, OperatingMode.HAMI_CORE)

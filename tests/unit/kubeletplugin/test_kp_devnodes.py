@@ -1,4 +1,4 @@
-"""The plugin creates the MIG capability nodes a prepared instance needs, idempotently (devnodes.py).
+"""The plugin creates the MIG capability nodes a prepared instance needs, idempotently (kubeletplugin/prepare/devnodes.py).
 
 Device numbers used here are stand-ins: major 4000 is registered by no driver (opening such a node gives
 ENXIO), so the nodes made under the test's dev root are harmless.
@@ -15,8 +15,8 @@ import pytest
 
 from driver import cdi
 from driver.cdi_host import DeviceTable
-from kubeletplugin.cdiwriter import ClaimSpecWriter
-from kubeletplugin.devnodes import ensure_caps_nodes
+from kubeletplugin.prepare.cdiwriter import ClaimSpecWriter
+from kubeletplugin.prepare.devnodes import ensure_caps_nodes
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mknod of character devices needs root")
 FAKE_CAPS_MAJOR = 4000

@@ -10,9 +10,9 @@ import yaml
 from test_kp_preparer_pure import _args, _base
 from test_kp_slices import NODE, catalogs_for
 
-from kubeletplugin.config import ConfigError, load_config
-from kubeletplugin.nodeconfig import NodeConfig, OperatingMode
-from kubeletplugin.slices import build_node_slices
+from kubeletplugin.publish.slices import build_node_slices
+from kubeletplugin.settings.config import ConfigError, load_config
+from kubeletplugin.settings.nodeconfig import NodeConfig, OperatingMode
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "hami-v2.10"
 

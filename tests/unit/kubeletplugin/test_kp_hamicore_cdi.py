@@ -10,7 +10,12 @@ import pytest
 
 from driver import cdi, hamicore
 from driver.hamicore import HamiCorePaths, ShareLimit
-from kubeletplugin.sharedcapacity import ConsumedCapacityError, SharedShare, parse_quantity, share_from_result
+from kubeletplugin.shared.capacity import (
+    ConsumedCapacityError,
+    SharedShare,
+    parse_quantity,
+    share_from_result,
+)
 
 GPU_MIB = 81559
 UID = "0b4c3a3e-9f5e-4c9e-8a59-1d2c3b4a5f60"

@@ -14,12 +14,12 @@ from sim_node import MIG_MUTATIONS, FakeApi, SimNode, make_node
 
 from api.constants import DRIVER_NAME
 from driver.nvml.sim import SimGpuSpec
-from kubeletplugin.checkpoint_model import ClaimCheckpoint, ClaimState
+from kubeletplugin.checkpoint.model import ClaimCheckpoint, ClaimState
+from kubeletplugin.checkpoint.reconcile import reconcile
 from kubeletplugin.grpcserver import ClaimRef
-from kubeletplugin.kubeapi import AllocatedDevice, ClaimView, PodRef
-from kubeletplugin.reconcile import reconcile
-from kubeletplugin.sharedcapacity import SharedShare
-from kubeletplugin.statuswriter import StatusWriter
+from kubeletplugin.kube.kubeapi import AllocatedDevice, ClaimView, PodRef
+from kubeletplugin.kube.statuswriter import StatusWriter
+from kubeletplugin.shared.capacity import SharedShare
 
 NODE = "hami-node"
 UID = "0b4c3a3e-9f5e-4c9e-8a59-1d2c3b4a5f60"

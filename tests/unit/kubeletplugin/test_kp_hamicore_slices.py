@@ -13,8 +13,10 @@ from kubernetes.client import V1ResourceSlice
 from test_kp_slices import NODE, catalogs_for
 
 from driver.nvml.sim.hardware import SKUS
-from kubeletplugin.config import ConfigError, add_flags, load_config
-from kubeletplugin.nodeconfig import (
+from kubeletplugin.publish.slicelimits import validate_pool
+from kubeletplugin.publish.slices import NodeSlices, build_node_slices
+from kubeletplugin.settings.config import ConfigError, add_flags, load_config
+from kubeletplugin.settings.nodeconfig import (
     DEFAULT_DEVICE_SPLIT_COUNT,
     NodeConfig,
     NodeConfigError,
@@ -22,8 +24,6 @@ from kubeletplugin.nodeconfig import (
     node_config_for,
     parse_device_plugin_config,
 )
-from kubeletplugin.slicelimits import validate_pool
-from kubeletplugin.slices import NodeSlices, build_node_slices
 
 HAMI_NODE = NodeConfig(NODE, OperatingMode.HAMI_CORE)
 

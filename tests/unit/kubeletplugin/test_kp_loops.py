@@ -23,15 +23,15 @@ from sim_node import FakeApi, make_node
 from api.constants import DRIVER_NAME
 from driver.looprunner import LoopRunner
 from driver.nvml.sim import SimGpuSpec
-from kubeletplugin.config import add_flags, load_config
+from kubeletplugin.agent.main import NodeAgent
+from kubeletplugin.agent.metrics import MetricsServer, NodeMetrics
+from kubeletplugin.checkpoint.reconcile import reconcile
 from kubeletplugin.grpcserver import ClaimRef, PluginServers
-from kubeletplugin.kubeapi import AllocatedDevice, ClaimView, PodRef
-from kubeletplugin.main import NodeAgent
-from kubeletplugin.metrics import MetricsServer, NodeMetrics
-from kubeletplugin.publisher import SlicePublisher
-from kubeletplugin.reconcile import reconcile
-from kubeletplugin.slices import NodeSlices
-from kubeletplugin.statuswriter import StatusWriter
+from kubeletplugin.kube.kubeapi import AllocatedDevice, ClaimView, PodRef
+from kubeletplugin.kube.statuswriter import StatusWriter
+from kubeletplugin.publish.publisher import SlicePublisher
+from kubeletplugin.publish.slices import NodeSlices
+from kubeletplugin.settings.config import add_flags, load_config
 
 
 class DroppingServer:

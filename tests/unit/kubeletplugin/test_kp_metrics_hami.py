@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kubeletplugin.metrics import NodeMetrics, RealizedInstance
+from kubeletplugin.agent.metrics import NodeMetrics, RealizedInstance
 
 
 def _labels(metrics: NodeMetrics, name: str) -> list[dict[str, str]]:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from kubeletplugin.nodeconfig import (
+from kubeletplugin.settings.nodeconfig import (
     NodeConfig,
     NodeConfigError,
     OperatingMode,

@@ -11,11 +11,11 @@ from sim_node import FakeApi, SimNode, make_node
 
 from api.constants import DRIVER_NAME
 from driver.nvml.sim import SimGpuSpec
-from kubeletplugin.checkpoint_model import ClaimCheckpoint, ClaimState, PreparedDeviceRecord
+from kubeletplugin.checkpoint.model import ClaimCheckpoint, ClaimState, PreparedDeviceRecord
 from kubeletplugin.grpcserver import ClaimRef
-from kubeletplugin.kubeapi import AllocatedDevice, ClaimView, PodRef
-from kubeletplugin.overlap import DeviceOverlap, SharedLimits, check_no_overlap, records_overlap
-from kubeletplugin.sharedcapacity import SharedShare
+from kubeletplugin.kube.kubeapi import AllocatedDevice, ClaimView, PodRef
+from kubeletplugin.prepare.overlap import DeviceOverlap, SharedLimits, check_no_overlap, records_overlap
+from kubeletplugin.shared.capacity import SharedShare
 
 NODE = "n1"
 

@@ -18,15 +18,15 @@ from sim_node import FakeApi, SimNode, make_node
 from api.constants import DRIVER_NAME
 from driver.catalog.discover import discover_all
 from driver.nvml.sim import SimGpuSpec
-from kubeletplugin.checkpoint_model import ClaimCheckpoint, ClaimState
-from kubeletplugin.claimrecords import records_for
+from kubeletplugin.checkpoint.model import ClaimCheckpoint, ClaimState
+from kubeletplugin.checkpoint.periodic import PeriodicReconciler
 from kubeletplugin.grpcserver import ClaimRef
-from kubeletplugin.inventory import Inventory
-from kubeletplugin.kubeapi import AllocatedDevice, ClaimView, PodRef
-from kubeletplugin.nodeconfig import NodeConfig, OperatingMode
-from kubeletplugin.periodic import PeriodicReconciler
-from kubeletplugin.slices import build_node_slices
-from kubeletplugin.withdraw import without_devices
+from kubeletplugin.kube.kubeapi import AllocatedDevice, ClaimView, PodRef
+from kubeletplugin.prepare.claimrecords import records_for
+from kubeletplugin.publish.inventory import Inventory
+from kubeletplugin.publish.slices import build_node_slices
+from kubeletplugin.publish.withdraw import without_devices
+from kubeletplugin.settings.nodeconfig import NodeConfig, OperatingMode
 
 NODE = "n1"
 

@@ -13,9 +13,9 @@ from sim_node import FakeApi, SimNode, make_node
 
 from api.constants import DRIVER_NAME
 from driver.nvml.sim import SimGpuSpec
-from kubeletplugin.checkpoint_model import ClaimState
+from kubeletplugin.checkpoint.model import ClaimState
 from kubeletplugin.grpcserver import ClaimRef
-from kubeletplugin.kubeapi import AllocatedDevice, ClaimView, PodRef
+from kubeletplugin.kube.kubeapi import AllocatedDevice, ClaimView, PodRef
 
 NODE = "n1"
 DEADLINE_S = 120.0

@@ -10,12 +10,12 @@ import pytest
 from driver.nvml.port import Nvml
 from driver.nvml.sim import SimAdmin, SimGpuSpec, init_sim_state, open_sim
 from driver.nvml.types import NvmlError, NvmlErrorCode
-from kubeletplugin.checkpoint_model import PreparedDeviceRecord
-from kubeletplugin.crashpoints import Crashpoints
-from kubeletplugin.metrics import NodeMetrics
-from kubeletplugin.migmode import MigModeError, MigModeManager
-from kubeletplugin.nvmlops import NvmlOps
-from kubeletplugin.prepare_steps import PlacementBusy, check_placement_free, destroy_mig, find_gi, realise_mig
+from kubeletplugin.agent.crashpoints import Crashpoints
+from kubeletplugin.agent.metrics import NodeMetrics
+from kubeletplugin.checkpoint.model import PreparedDeviceRecord
+from kubeletplugin.prepare.migmode import MigModeError, MigModeManager
+from kubeletplugin.prepare.nvmlops import NvmlOps
+from kubeletplugin.prepare.steps import PlacementBusy, check_placement_free, destroy_mig, find_gi, realise_mig
 
 NO_CRASH = Crashpoints(frozenset(), Path("/nonexistent"))
 

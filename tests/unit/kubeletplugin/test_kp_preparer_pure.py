@@ -13,13 +13,13 @@ import pytest
 
 from api.constants import DRIVER_NAME
 from driver.migannotation import decode_mig_allocations, encode_mig_allocations
-from kubeletplugin.checkpoint_model import ClaimCheckpoint, ClaimState, PreparedDeviceRecord
-from kubeletplugin.claimstatus import annotation_records, device_status_entries, pod_mig_devices
-from kubeletplugin.config import ConfigError, UnenforcedShares, add_flags, load_config
-from kubeletplugin.crashpoints import Crashpoints
-from kubeletplugin.nodeconfig import OperatingMode
-from kubeletplugin.publisher import content_hash
-from kubeletplugin.slices import NodeSlices, PublishedSlice
+from kubeletplugin.agent.crashpoints import Crashpoints
+from kubeletplugin.checkpoint.model import ClaimCheckpoint, ClaimState, PreparedDeviceRecord
+from kubeletplugin.kube.claimstatus import annotation_records, device_status_entries, pod_mig_devices
+from kubeletplugin.publish.publisher import content_hash
+from kubeletplugin.publish.slices import NodeSlices, PublishedSlice
+from kubeletplugin.settings.config import ConfigError, UnenforcedShares, add_flags, load_config
+from kubeletplugin.settings.nodeconfig import OperatingMode
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -13,12 +13,12 @@ from api.constants import DRIVER_NAME
 from driver.catalog.discover import discover_all
 from driver.nvml.sim import SimGpuSpec, open_sim
 from driver.nvml.types import ComputeInstance, GpuInstance, NvmlError, NvmlErrorCode
-from kubeletplugin.checkpoint_model import ClaimCheckpoint, ClaimState
-from kubeletplugin.claimrecords import records_for
+from kubeletplugin.checkpoint.model import ClaimCheckpoint, ClaimState
 from kubeletplugin.grpcserver import ClaimRef
-from kubeletplugin.inventory import Inventory
-from kubeletplugin.kubeapi import AllocatedDevice, ClaimView, PodRef
-from kubeletplugin.nvmlops import NvmlOps
+from kubeletplugin.kube.kubeapi import AllocatedDevice, ClaimView, PodRef
+from kubeletplugin.prepare.claimrecords import records_for
+from kubeletplugin.prepare.nvmlops import NvmlOps
+from kubeletplugin.publish.inventory import Inventory
 
 NODE = "n1"
 UID = "00000000-0000-4000-8000-000000000001"

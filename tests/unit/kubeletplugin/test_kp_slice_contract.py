@@ -11,11 +11,11 @@ from test_kp_slices import NODE, catalogs_for
 
 from api import devicecontract as dc
 from api.constants import MEMORY_SLICE_COUNTER_PREFIX, DeviceKind, parse_device_name
-from controller.inventory import Inventory
+from controller.state.inventory import Inventory
 from driver.policy.model import GpuRef
-from kubeletplugin.nodeconfig import NodeConfig, OperatingMode
-from kubeletplugin.slicelimits import is_dns_label
-from kubeletplugin.slices import NodeSlices, build_node_slices
+from kubeletplugin.publish.slicelimits import is_dns_label
+from kubeletplugin.publish.slices import NodeSlices, build_node_slices
+from kubeletplugin.settings.nodeconfig import NodeConfig, OperatingMode
 
 _C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")
 ATTRIBUTES = {v for k, v in vars(dc).items() if k.startswith("ATTR_")}

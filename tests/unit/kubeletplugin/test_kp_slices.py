@@ -14,9 +14,9 @@ from driver.catalog.discover import discover_all
 from driver.catalog.types import GpuCatalog
 from driver.nvml.sim.hardware import SKUS, Sku
 from driver.nvml.types import GiProfileInfo, GpuInfo, Placement
-from kubeletplugin.nodeconfig import NodeConfig, OperatingMode
-from kubeletplugin.slicelimits import is_dns_label, is_dns_subdomain, validate_pool
-from kubeletplugin.slices import NodeSlices, build_node_slices, capacity_counter_totals
+from kubeletplugin.publish.slicelimits import is_dns_label, is_dns_subdomain, validate_pool
+from kubeletplugin.publish.slices import NodeSlices, build_node_slices, capacity_counter_totals
+from kubeletplugin.settings.nodeconfig import NodeConfig, OperatingMode
 
 NODE = "worker-a.example.internal"
 MIG_NODE = NodeConfig(name=NODE, operating_mode=OperatingMode.MIG)

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from kubeletplugin.access import REQUIRED, AccessDenied, AccessUnknown, Permission, check_access
-from kubeletplugin.config import ConfigError, add_flags, load_config
+from kubeletplugin.agent.nodelock import NodeBusy, NodeLock, check_sockets_free
 from kubeletplugin.grpcserver.server import socket_in_use, socket_paths
-from kubeletplugin.nodelock import NodeBusy, NodeLock, check_sockets_free
+from kubeletplugin.kube.access import REQUIRED, AccessDenied, AccessUnknown, Permission, check_access
+from kubeletplugin.settings.config import ConfigError, add_flags, load_config
 
 
 def test_second_lock_on_the_node_is_refused_naming_the_holder(tmp_path: Path) -> None:
@@ -35,7 +35,7 @@ def test_lock_held_by_another_process_is_refused(tmp_path: Path) -> None:
     checkpoint = tmp_path / "checkpoint.json"
     code = (
         "import sys, time; sys.path.insert(0, sys.argv[2]);"
-        "from pathlib import Path; from kubeletplugin.nodelock import NodeLock;"
+        "from pathlib import Path; from kubeletplugin.agent.nodelock import NodeLock;"
         "NodeLock(Path(sys.argv[1])).acquire(); print('locked', flush=True); time.sleep(30)"
     )
     repo = str(Path(__file__).resolve().parents[3])

@@ -14,8 +14,8 @@ from api.constants import DRIVER_NAME
 from driver.nvml.port import Nvml
 from driver.nvml.sim import SimAdmin, SimGpuSpec
 from kubeletplugin.grpcserver import ClaimRef
-from kubeletplugin.kubeapi import AllocatedDevice, ClaimView, PodRef
-from kubeletplugin.preparer import Preparer
+from kubeletplugin.kube.kubeapi import AllocatedDevice, ClaimView, PodRef
+from kubeletplugin.prepare.preparer import Preparer
 
 NODE = "hopper"
 MIG_UID = "5a1e0c3e-0000-4c9e-8a59-000000000001"

@@ -17,11 +17,11 @@ from shared_helpers import CLASSES, shared_slice
 from shim_helpers import apply_patch  # the strict RFC 6902 applier of the shim tests
 
 from api.constants import ALLOCATION_GATE
-from controller.loop import Controller
+from controller.allocation.loop import Controller
+from controller.kube.watchcache import Event, WatchCache
+from controller.kube.writer import Writer
 from controller.shim import ShimDefaults, mutate_pod
 from controller.shim.templates import TemplateSpec
-from controller.watchcache import Event, WatchCache
-from controller.writer import Writer
 
 Obj = dict[str, Any]
 RESOURCES = ("resourceslices", "resourceclaims", "deviceclasses", "pods", "nodes")

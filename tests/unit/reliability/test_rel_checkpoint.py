@@ -16,10 +16,10 @@ from sim_node import make_node
 
 from api.constants import DRIVER_NAME
 from driver.nvml.sim import SimAdmin, SimGpuSpec
-from kubeletplugin.config import add_flags, load_config
+from kubeletplugin.agent.main import NodeAgent
 from kubeletplugin.grpcserver import ClaimRef
-from kubeletplugin.kubeapi import AllocatedDevice, ClaimView, PodRef
-from kubeletplugin.main import NodeAgent
+from kubeletplugin.kube.kubeapi import AllocatedDevice, ClaimView, PodRef
+from kubeletplugin.settings.config import add_flags, load_config
 
 NODE = "n1"
 UID = "7d0c5a1e-0000-4c9e-8a59-0000000000c1"

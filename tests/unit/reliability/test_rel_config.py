@@ -19,9 +19,9 @@ from driver.catalog.allowlist import parse_allowlist
 from driver.catalog.discover import discover_all
 from driver.catalog.types import CatalogWarningKind
 from driver.nvml.sim import SimAdmin, SimGpuSpec, init_sim_state, open_sim
-from kubeletplugin.config import ConfigError, add_flags, load_config
-from kubeletplugin.nodeconfig import NodeConfig, OperatingMode
-from kubeletplugin.slices import build_node_slices
+from kubeletplugin.publish.slices import build_node_slices
+from kubeletplugin.settings.config import ConfigError, add_flags, load_config
+from kubeletplugin.settings.nodeconfig import NodeConfig, OperatingMode
 
 REPO = Path(__file__).resolve().parents[3]
 NODE = "node-a"

@@ -18,7 +18,7 @@ from api.constants import ANNOTATION_MIG_ALLOCATIONS, DRIVER_NAME
 from driver.migannotation import decode_mig_allocations
 from driver.nvml.sim import SimGpuSpec
 from kubeletplugin.grpcserver import ClaimRef
-from kubeletplugin.kubeapi import AllocatedDevice, ClaimView, PodRef
+from kubeletplugin.kube.kubeapi import AllocatedDevice, ClaimView, PodRef
 
 NODE = "n1"
 UID = "7d0c5a1e-0000-4c9e-8a59-00000000000a"

@@ -120,7 +120,7 @@ webhook's matchConditions: a custom name under another prefix must still send th
 {{- printf "%s/%s" (trimSuffix "/" .Values.kubeletPlugin.kubeletPluginsDir) (include "flexmig.driverName" .) -}}
 {{- end -}}
 
-{{/* Lease name is fixed in the controller (controller/leader.py LEASE_NAME). */}}
+{{/* Lease name is fixed in the controller (controller/kube/leader.py LEASE_NAME). */}}
 {{- define "flexmig.leaseName" -}}flexmig-controller{{- end -}}
 
 {{/* ServiceAccount names: the created one, or the existing one named in the values. */}}

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from shim_helpers import apply_patch, legacy_keys_left
 
-from controller.cel import CelEnvironment
+from controller.claims.cel import CelEnvironment
 from controller.shim import ShimDefaults, is_shim_template, mutate_pod
 from controller.shim.legacy import Mode, container_shape
 from controller.shim.templates import mig_selector

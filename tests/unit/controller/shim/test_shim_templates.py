@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from controller.cel import CelDevice, CelEnvironment
+from controller.claims.cel import CelDevice, CelEnvironment
 from controller.shim import Mode, Shape, is_shim_template
 from controller.shim.templates import mig_selector, template_for, template_name
 

@@ -1,4 +1,4 @@
-"""An in-memory API server for the webhook's unit tests, in place of `controller.rest.request`.
+"""An in-memory API server for the webhook's unit tests, in place of `controller.kube.rest.request`.
 
 It keeps objects by path and enforces what the webhook relies on: 409 on creating an existing name
 or writing with a stale resourceVersion, 404 on a missing object, delete preconditions, merge and

@@ -1,0 +1,1 @@
+"""The allocation job: the loop, one pod's decision, node filters, whole GPUs, deallocation."""

@@ -1,0 +1,245 @@
+"""Placing one gated pod (the allocation job of controller/allocation/loop.py's `Controller`).
+
+Resolve the pod's claims (template-generated ones through pod.status.resourceClaimStatuses), decide
+all unallocated claims at once (`Decider`), assume the devices in the ledger so that the next pod cannot
+get them, then write each claim (finalizer + pod annotation, then status.allocation, both with the
+resourceVersion the decision was based on), then the pod (mirror annotation, gate removed). A conflict
+on any claim rolls back the claims already written and retries the pod from fresh state: nothing is
+ever allocated twice, and a pod gets all of its claims or none.
+
+`PodAllocation` is a mixin of `Controller`: it reads and updates the controller's state (declared
+below for the type checker) and is not used on its own.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from kubernetes.client.exceptions import ApiException
+
+from api.constants import ANNOTATION_MIG_ALLOCATIONS
+from controller.allocation.decide import ClaimAllocation, ControllerReason, Decider, Decision, node_selector
+from controller.allocation.nodefilter import NodeFilter, PodRules, pinned_nodes
+from controller.claims.podclaims import (
+    ClaimsPending,
+    allocation_results,
+    claim_names,
+    is_gated,
+    mirror_annotation,
+    split_share_problem,
+)
+from controller.claims.requests import CandidateIndex
+from controller.kube.watchcache import WatchCache, object_key, resource_version
+from controller.kube.writer import Writer, is_conflict, is_not_found
+from controller.runtime.metrics import ControllerMetrics
+from controller.state.ledger import Held, Ledger, claim_holdings
+from driver.policy.allocator import Policy
+
+log = structlog.get_logger(__name__)
+
+Obj = dict[str, Any]
+
+
+def allocated_devices(claim: Mapping[str, Any] | None) -> list[Held]:
+    """What a claim's allocation holds of our driver: devices, and shares with their consumed capacity."""
+    return claim_holdings(claim)
+
+
+@dataclass(slots=True)
+class Pending:
+    first_seen: float
+    reason: str = ""
+    message: str = ""
+
+
+class PodAllocation:
+    cache: WatchCache
+    writer: Writer | None
+    policy: Policy
+    metrics: ControllerMetrics
+    ledger: Ledger
+    index: CandidateIndex
+    pending: dict[str, Pending]
+    dirty: set[str]
+
+    def _node_filter(self, pod: Obj, allocated: list[Obj]) -> NodeFilter:
+        """Nodes kube-scheduler would bind the pod to (controller/allocation/nodefilter.py), on the node that the
+        pod's claims allocated elsewhere fix, if any."""
+        rules = PodRules.from_pod(pod)
+        if rules.problems:
+            log.warning(
+                "pod placement rules not understood", pod=object_key(pod), problems=list(rules.problems)
+            )
+        return NodeFilter(rules, self.cache["nodes"], pinned_nodes(allocated))
+
+    def _process_pod(self, key: str) -> None:
+        pod = self.cache["pods"].get(key)
+        if pod is None or not is_gated(pod):
+            self.pending.pop(key, None)
+            return
+        pending = self.pending.setdefault(key, Pending(time.monotonic()))
+        ns = pod["metadata"]["namespace"]
+        try:
+            names = claim_names(pod)
+            claims = {entry: self.cache["resourceclaims"][f"{ns}/{name}"] for entry, name in names.items()}
+        except (ClaimsPending, KeyError) as exc:
+            self._unplaced(pod, pending, "WaitingForClaims", f"waiting for the pod's claims: {exc}")
+            return
+        todo = [c for c in claims.values() if not (c.get("status") or {}).get("allocation")]
+        if todo:
+            allocated = [c for c in claims.values() if c not in todo]
+            started = time.perf_counter()
+            node_ok = self._node_filter(pod, allocated)
+            decision = Decider(self.ledger, self.index, self.policy).decide(
+                todo, self.cache["deviceclasses"], node_ok=node_ok
+            )
+            self.metrics.decision_latency.observe(time.perf_counter() - started)
+            if not decision.ok:
+                excluded = node_ok.summary()  # says why nodes with room did not count, if any
+                parts = [decision.message] + ([f"excluded for this pod: {excluded}"] if excluded else [])
+                message = "; ".join(p for p in parts if p)
+                self._unplaced(pod, pending, str(decision.reason), message)
+                return
+            results: dict[str, Iterable[Mapping[str, Any]]] = {
+                e: allocation_results(c) for e, c in claims.items()
+            }
+            by_uid = {a.uid: a.results for a in decision.allocations}
+            results.update(
+                {e: by_uid[c["metadata"]["uid"]] for e, c in claims.items() if c["metadata"]["uid"] in by_uid}
+            )
+            problem = split_share_problem(pod, results)
+            if problem:
+                self._unplaced(pod, pending, ControllerReason.INVALID_REQUEST.value, problem)
+                return
+            written = self._write_claims(pod, decision)
+            if written is None:
+                self.dirty.add(key)  # conflict: decide again from the fresh state
+                return
+            claims.update(
+                {
+                    e: written[c["metadata"]["uid"]]
+                    for e, c in claims.items()
+                    if c["metadata"]["uid"] in written
+                }
+            )
+        self._release(pod, pending, claims)
+
+    def _write_claims(self, pod: Obj, decision: Decision) -> dict[str, Obj] | None:
+        assert self.writer is not None and decision.node is not None
+        for alloc in decision.allocations:
+            # Versions up to the one decided on are stale for this assumption, whatever they show.
+            decided_on = resource_version(alloc.claim)
+            self.ledger.assume(alloc.uid, alloc.keys, None if decided_on is None else decided_on + 1)
+        done: list[Obj] = []
+        protected: list[Obj] = []
+        try:
+            for alloc in decision.allocations:
+                claim = self.writer.protect_claim(alloc.claim, pod["metadata"]["uid"])
+                protected.append(claim)
+                claim = self.writer.write_allocation(claim, self._allocation(alloc, decision.node))
+                protected.pop()
+                done.append(claim)
+        except ApiException as exc:
+            if not (is_conflict(exc) or is_not_found(exc)):
+                self._rollback(done, protected, decision.allocations)
+                raise
+            self.metrics.conflicts.inc()
+            log.info("claim changed while allocating, retrying", pod=object_key(pod), status=exc.status)
+            self._rollback(done, protected, decision.allocations)
+            return None
+        except BaseException:
+            # A timeout or a dropped connection: all or nothing still holds, so undo what was written
+            # (a write whose outcome is unknown is seen again through the watch).
+            self._rollback(done, protected, decision.allocations)
+            raise
+        out = {}
+        for claim in done:
+            # Our newest version, assumed: the watch's older ones (the finalizer-only write) are stale.
+            self.cache.stores["resourceclaims"].assume(claim)
+            self.ledger.written(claim["metadata"]["uid"], allocated_devices(claim), resource_version(claim))
+            out[claim["metadata"]["uid"]] = claim
+        return out
+
+    @staticmethod
+    def _allocation(alloc: ClaimAllocation, node: str) -> dict[str, Any]:
+        devices: dict[str, Any] = {"results": alloc.results}
+        if alloc.config:
+            devices["config"] = alloc.config
+        # allocationTimestamp must be set by the allocator: kube-scheduler (with DRADeviceBindingConditions,
+        # beta in 1.36+) fills it in when missing, which the API rejects as a change to an allocation.
+        return {
+            "devices": devices,
+            "nodeSelector": node_selector(node),
+            "allocationTimestamp": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+
+    def _rollback(self, done: list[Obj], protected: list[Obj], allocs: list[ClaimAllocation]) -> None:
+        assert self.writer is not None
+        store = self.cache.stores["resourceclaims"]
+        for claim in done:
+            try:
+                cleared = self.writer.write_allocation(claim, None)
+                store.assume(cleared)
+                self._assume_claim(self.writer.unprotect_claim(cleared))
+            except Exception as exc:  # left for the deallocation pass, which sees our finalizer
+                log.warning("rollback failed", claim=object_key(claim), error=str(exc))
+        for claim in protected:
+            try:
+                store.assume(claim)
+                self._assume_claim(self.writer.unprotect_claim(claim))
+            except Exception as exc:
+                log.warning("rollback failed", claim=object_key(claim), error=str(exc))
+        for alloc in allocs:
+            self.ledger.forget(alloc.uid)
+        for alloc in allocs:  # back to what the API last showed us
+            current = self.cache["resourceclaims"].get(object_key(alloc.claim))
+            if current is not None:
+                self.ledger.observe(alloc.uid, allocated_devices(current))
+
+    def _assume_claim(self, claim: Obj | None) -> None:
+        if claim is not None:
+            self.cache.stores["resourceclaims"].assume(claim)
+
+    def _release(self, pod: Obj, pending: Pending, claims: dict[str, Obj]) -> None:
+        assert self.writer is not None
+        annotations: dict[str, str] = {}
+        mirror = mirror_annotation(pod, claims, self.ledger.inventory)
+        if mirror is not None:
+            annotations[ANNOTATION_MIG_ALLOCATIONS] = mirror
+        try:
+            released = self.writer.release_pod(pod, annotations)
+        except ApiException as exc:
+            if is_conflict(exc):
+                self.metrics.conflicts.inc()
+                self.dirty.add(object_key(pod))  # claims stay allocated; the retry only releases
+                return
+            raise
+        self.cache.stores["pods"].assume(released)
+        self.pending.pop(object_key(pod), None)
+        self.metrics.allocation_latency.observe(time.monotonic() - pending.first_seen)
+        pins = pinned_nodes(claims.values())
+        where = pins.description if pins is not None else "on any node"
+        log.info("pod released", pod=object_key(pod), where=where, claims=sorted(claims))
+        if pending.reason:
+            self.writer.set_condition(released, "True", "Allocated", f"allocated {where}")
+
+    def _unplaced(self, pod: Obj, pending: Pending, reason: str, message: str) -> None:
+        if (pending.reason, pending.message) == (reason, message):
+            return  # already surfaced; retried when capacity changes
+        log.info("pod not placed", pod=object_key(pod), reason=reason, message=message)
+        if reason == "WaitingForClaims" or self.writer is None:
+            pending.reason, pending.message = reason, message
+            return
+        self.writer.set_condition(pod, "False", reason, message)
+        # Recorded only once the condition is written: a failed write is retried on the next resync
+        # instead of leaving the pod gated with no stated reason.
+        pending.reason, pending.message = reason, message
+        self.writer.event(pod, "Pod", "Warning", "FailedAllocation", f"{reason}: {message}")
+
+
+__all__ = ["Pending", "PodAllocation", "allocated_devices"]

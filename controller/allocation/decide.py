@@ -1,0 +1,380 @@
+"""One pod's claims -> one decision: every device of every claim on one node, or why not.
+
+No I/O: the allocation loop, the benchmark and the property tests all call `Decider.decide` against the
+same inventory/ledger. The MIG policy (driver/policy/allocator.py) chooses node, GPU, profile and
+placement of MIG devices; the share policy (driver/policy/shared.py) chooses the HAMi-core GPUs of
+shares; the whole-GPU policy (driver/policy/whole.py, combined in controller/allocation/wholeplan.py) chooses
+the idle GPUs of whole-GPU requests; this module feeds them the candidates, keeps every device of the
+pod on one node, walks `firstAvailable` alternatives (earlier ones win, as in kube-scheduler, except
+that a request mixing MIG and HAMi-core alternatives takes the one stranding the least memory:
+controller/shared/shares.py), enforces `matchAttribute` / `distinctAttribute` constraints, and re-checks the
+result against the published counters (MIG and whole devices) before anything is written.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from api.constants import DRIVER_NAME
+from controller.allocation.nomatch import largest_mig_device
+from controller.allocation.wholeplan import Checker, Unplaced, WholePlacer
+from controller.claims.constraints import Plan, Slot
+from controller.claims.requests import (
+    Alternative,
+    CandidateIndex,
+    Candidates,
+    ClaimRequest,
+    RequestError,
+    allocation_config,
+    claim_requests,
+)
+from controller.shared.shares import (
+    AltKind,
+    Classified,
+    ShareAmounts,
+    classify,
+    is_mixed,
+    mig_stranded,
+    share_result,
+)
+from controller.state.inventory import PublishedDevice
+from controller.state.ledger import Held, Ledger, ShareUse
+from driver.policy.allocator import Policy
+from driver.policy.model import AllowedTable, DeviceRequest, GpuRef, ShortReason
+from driver.policy.shared import (
+    SharedGpuState,
+    ShareRequest,
+    explain_shares,
+    feasible_nodes,
+    place_on_node,
+    place_shares,
+)
+from driver.policy.whole import IdleGpus, WholeRequest
+
+MAX_ALTERNATIVE_COMBINATIONS = 16
+
+
+class ControllerReason(StrEnum):
+    """Reasons the controller adds to the policy's ShortReason."""
+
+    INVALID_REQUEST = "InvalidRequest"  # a claim asks for something we cannot allocate
+    NO_MATCHING_DEVICE = "NoMatchingDevice"  # selectors admit no published device of ours
+    CONSTRAINT_UNSATISFIED = "ConstraintUnsatisfied"  # matchAttribute/distinctAttribute
+    COUNTERS_EXCEEDED = "CountersExceeded"  # safety net: published counters disagree
+
+
+@dataclass(slots=True)
+class ClaimAllocation:
+    claim: Mapping[str, Any]
+    results: list[dict[str, Any]]
+    config: list[dict[str, Any]]
+    devices: list[PublishedDevice]
+    held: list[Held] = field(default_factory=list)
+
+    @property
+    def uid(self) -> str:
+        return str(self.claim["metadata"]["uid"])
+
+    @property
+    def keys(self) -> list[Held]:
+        """What the ledger counts for this claim: (pool, device) per MIG/whole device, a ShareUse per share."""
+        return list(self.held) if self.held else [(d.pool, d.name) for d in self.devices]
+
+
+@dataclass(slots=True)
+class Decision:
+    node: str | None = None
+    allocations: list[ClaimAllocation] = field(default_factory=list)
+    reason: str | None = None
+    message: str = ""
+    stranded_mib: int = 0  # memory stranded by the devices of mixed MIG/HAMi-core requests
+    isolated: int = 0  # MIG devices chosen for mixed requests (ties go to isolation)
+
+    @property
+    def ok(self) -> bool:
+        return self.reason is None
+
+
+def node_selector(node: str) -> dict[str, Any]:
+    return {
+        "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]
+    }
+
+
+Picked = list[tuple[tuple[int, ClaimRequest], Alternative]]
+
+
+class Decider:
+    def __init__(self, ledger: Ledger, index: CandidateIndex, policy: Policy) -> None:
+        self.ledger = ledger
+        self.index = index
+        self.policy = policy
+        self.amounts = ShareAmounts(ledger.inventory, index.share_amounts_cache)
+        self.check = Checker(ledger.inventory)
+        self._states: Mapping[GpuRef, SharedGpuState] = {}
+        self._idle: IdleGpus | None = None  # the idle GPUs, computed once per decision when needed
+        self._classified: dict[tuple[str, str], Classified | Decision] = {}
+
+    def decide(
+        self,
+        claims: Sequence[Mapping[str, Any]],
+        classes: Mapping[str, Mapping[str, Any]],
+        node_ok: Callable[[str], bool] | None = None,
+    ) -> Decision:
+        """Place every request of `claims` on one node; `node_ok` excludes nodes (cordoned, selectors)."""
+        try:
+            per_claim = [claim_requests(c, classes, self.index) for c in claims]
+        except RequestError as exc:
+            return Decision(reason=ControllerReason.INVALID_REQUEST, message=str(exc))
+        self._states = self.ledger.shared_states()
+        self._idle = None
+        self._classified = {}
+        flat = [(ci, req) for ci, reqs in enumerate(per_claim) for req in reqs]
+        mixed = {i for i, (_, req) in enumerate(flat) if self._mixed(req)}
+        mixed_order = sorted(mixed)
+        strict = [i for i in range(len(flat)) if i not in mixed]
+        failures: list[Decision] = []
+        tried = 0
+        # Strict requests in KEP order (outer loop, first success wins); for each, every combination of
+        # the mixed requests' alternatives, the least stranded memory winning (controller/shared/shares.py).
+        for outer in itertools.product(*(flat[i][1].alternatives for i in strict)):
+            best: tuple[tuple[int, int, int], Decision] | None = None
+            for order, inner in enumerate(itertools.product(*(flat[i][1].alternatives for i in mixed_order))):
+                if tried >= MAX_ALTERNATIVE_COMBINATIONS:
+                    break
+                tried += 1
+                chosen = dict(zip(strict, outer, strict=True)) | dict(zip(mixed_order, inner, strict=True))
+                picked = [(flat[i], chosen[i]) for i in range(len(flat))]
+                decision = self._try(claims, classes, picked, node_ok, mixed)
+                if decision.ok:
+                    key = (decision.stranded_mib, -decision.isolated, order)
+                    if best is None or key < best[0]:
+                        best = (key, decision)
+                    if not mixed:
+                        break
+                else:
+                    failures.append(decision)
+            if best is not None:
+                return best[1]
+            if tried >= MAX_ALTERNATIVE_COMBINATIONS:
+                break
+        # The reason of the first (most preferred) combination; the message says why each one failed.
+        first = failures[0]
+        if len(failures) > 1:
+            messages = list(dict.fromkeys(f.message for f in failures if f.message))
+            return Decision(reason=first.reason, message="; or: ".join(messages[:3]))
+        return first
+
+    # --- classification ------------------------------------------------------------------------------
+
+    def _classify(self, req: ClaimRequest, alt: Alternative) -> Classified | Decision:
+        key = (req.claim, alt.result_name)
+        hit = self._classified.get(key)
+        if hit is None:
+            where = f"claim {req.claim} spec.devices.requests[{alt.result_name}]"
+            try:
+                hit = classify(self.index, alt, where)
+            except RequestError as exc:
+                # A selector that does not compile says nothing of where it is written: name the request.
+                text = str(exc) if str(exc).startswith(where) else f"{where}: {exc}"
+                hit = Decision(reason=ControllerReason.INVALID_REQUEST, message=text)
+            self._classified[key] = hit
+        return hit
+
+    def _mixed(self, req: ClaimRequest) -> bool:
+        if len(req.alternatives) < 2:
+            return False
+        kinds = [c.kind for a in req.alternatives if isinstance(c := self._classify(req, a), Classified)]
+        return is_mixed(kinds)
+
+    # --- one combination ---------------------------------------------------------------------------
+
+    def _try(
+        self,
+        claims: Sequence[Mapping[str, Any]],
+        classes: Mapping[str, Mapping[str, Any]],
+        picked: Picked,
+        node_ok: Callable[[str], bool] | None,
+        mixed: set[int],
+    ) -> Decision:
+        slots: list[Slot] = []
+        mig_requests: list[DeviceRequest] = []
+        share_requests: list[ShareRequest] = []
+        whole_requests: list[WholeRequest] = []
+        for fi, ((ci, req), alt) in enumerate(picked):
+            c = self._classify(req, alt)
+            if isinstance(c, Decision):
+                return c
+            if c.kind is AltKind.NONE:
+                return self._no_match(req, alt, c.mig)
+            if c.kind is AltKind.MIG:
+                # The pairs the selectors admit (restricted to node_ok's nodes), in a form the policy indexes.
+                filt = AllowedTable(c.mig.per_gpu, node_ok)
+                for i in range(alt.count):
+                    slot = Slot(ci, fi, req, alt, f"{ci}:{alt.result_name}:{i}", AltKind.MIG)
+                    slots.append(slot)
+                    mig_requests.append(
+                        DeviceRequest(slot.policy_name, c.mig.min_memory_mib, device_filter=filt)
+                    )
+                continue
+            if c.kind is AltKind.WHOLE:
+                for i in range(alt.count):
+                    slot = Slot(ci, fi, req, alt, f"{ci}:{alt.result_name}:{i}", AltKind.WHOLE)
+                    slots.append(slot)
+                    whole_requests.append(WholeRequest(slot.policy_name, c.whole))
+                continue
+            where = f"claim {req.claim} spec.devices.requests[{alt.result_name}]"
+            amounts, refusal, too_large = self.amounts.amounts(alt, c.shared, where)
+            if not amounts:
+                reason = (
+                    ControllerReason.NO_MATCHING_DEVICE if too_large else ControllerReason.INVALID_REQUEST
+                )
+                return Decision(reason=reason, message=refusal)
+            for i in range(alt.count):
+                slot = Slot(ci, fi, req, alt, f"{ci}:{alt.result_name}:{i}", AltKind.SHARED)
+                slots.append(slot)
+                share_requests.append(ShareRequest(slot.policy_name, amounts, group=str(ci)))
+        plan = self._place(mig_requests, share_requests, whole_requests, node_ok)
+        if isinstance(plan, Decision):
+            return plan
+        problem = self.check.violation(claims, slots, plan)
+        if problem is None:
+            return self._decision(claims, classes, slots, plan, mixed)
+        for mig_pinned, share_pinned in self.check.pinned_variants(
+            self.ledger.cluster, slots, mig_requests, share_requests, problem
+        ):
+            again = self._place(mig_pinned, share_pinned, whole_requests, node_ok)
+            if isinstance(again, Plan) and self.check.violation(claims, slots, again) is None:
+                return self._decision(claims, classes, slots, again, mixed)
+        return Decision(reason=ControllerReason.CONSTRAINT_UNSATISFIED, message=problem.message)
+
+    def _place(
+        self,
+        mig_requests: list[DeviceRequest],
+        share_requests: list[ShareRequest],
+        whole_requests: list[WholeRequest],
+        node_ok: Callable[[str], bool] | None,
+    ) -> Plan | Decision:
+        """MIG devices through the policy, shares through the share policy, whole GPUs through the
+        whole-GPU policy (controller/allocation/wholeplan.py), all on one node."""
+        if whole_requests:
+            if self._idle is None:
+                self._idle = self.ledger.idle_gpus()
+            placer = WholePlacer(self.policy, self.ledger.cluster, self._idle, self._states)
+            plan = placer.place(mig_requests, share_requests, whole_requests, node_ok)
+            if isinstance(plan, Unplaced):
+                return Decision(reason=plan.reason, message=plan.message)
+            return plan
+        if not share_requests:
+            placement = self.policy.place(self.ledger.cluster, mig_requests)
+            if not placement.ok:
+                return Decision(reason=str(placement.reason), message=placement.message)
+            return Plan(placement.choices, ())
+        if not mig_requests:
+            shares = place_shares(self._states, share_requests, node_ok)
+            if not shares.ok:
+                return Decision(reason=str(shares.reason), message=shares.message)
+            return Plan((), shares.choices)
+        # Both kinds: only nodes where every share fits may take the MIG devices; then the shares go
+        # to the node the MIG policy chose.
+        candidates = set.intersection(*({ref.node for ref in r.amounts} for r in share_requests))
+        nodes = feasible_nodes(
+            self._states, share_requests, (n for n in candidates if node_ok is None or node_ok(n))
+        )
+        if not nodes:
+            why = explain_shares(self._states, share_requests, node_ok)
+            return Decision(reason=str(why.reason), message=why.message)
+        restricted = [self.check.restrict(r, nodes) for r in mig_requests]
+        placement = self.policy.place(self.ledger.cluster, restricted)
+        if not placement.ok:
+            alone = self.policy.place(self.ledger.cluster, mig_requests)
+            if alone.ok:  # each kind fits, on different nodes
+                return Decision(
+                    reason=ShortReason.NO_SINGLE_NODE,
+                    message=f"the MIG devices fit (e.g. on {alone.node}) and the shares fit on "
+                    f"{', '.join(sorted(nodes)[:3])}, but no single node takes both",
+                )
+            return Decision(reason=str(placement.reason), message=placement.message)
+        assert placement.node is not None
+        hit = place_on_node(self._states, share_requests, placement.node)
+        if hit is None:  # cannot happen: the node was feasible for the shares
+            return Decision(reason=ShortReason.NO_SINGLE_NODE, message="shares no longer fit the chosen node")
+        return Plan(placement.choices, hit[1])
+
+    def _no_match(self, req: ClaimRequest, alt: Alternative, cands: Candidates) -> Decision:
+        what = f"claim {req.claim} request {alt.result_name} (class {alt.class_name})"
+        msg = f"{what}: no published MIG, whole-GPU or shared device matches its selectors"
+        largest = largest_mig_device(self.ledger.inventory)
+        if largest:
+            msg += f"; {largest}"
+        if cands.errors:
+            msg += "; " + "; ".join(cands.errors)
+        return Decision(reason=ControllerReason.NO_MATCHING_DEVICE, message=msg)
+
+    # --- result -------------------------------------------------------------------------------------
+
+    def _decision(
+        self,
+        claims: Sequence[Mapping[str, Any]],
+        classes: Mapping[str, Mapping[str, Any]],
+        slots: list[Slot],
+        plan: Plan,
+        mixed: set[int],
+    ) -> Decision:
+        devices = [self.check.device(s, plan) for s in slots]
+        problem = self.ledger.counters_allow(
+            d for s, d in zip(slots, devices, strict=True) if s.kind in (AltKind.MIG, AltKind.WHOLE)
+        )
+        if problem is not None:
+            return Decision(reason=ControllerReason.COUNTERS_EXCEEDED, message=problem)
+        node = plan.node
+        assert node is not None
+        stranded = isolated = 0
+        for s in slots:
+            if s.flat_index not in mixed:
+                continue
+            if s.kind is AltKind.MIG:
+                isolated += 1
+                stranded += mig_stranded(self.ledger.inventory, s.request, plan.mig[s.policy_name])
+            elif s.kind is AltKind.SHARED:
+                stranded += plan.shares[s.policy_name].stranded_mib
+        allocations = []
+        for ci, claim in enumerate(claims):
+            mine = [(s, d) for s, d in zip(slots, devices, strict=True) if s.claim_index == ci]
+            chosen = {s.alternative.result_name: s.alternative for s, _ in mine}
+            results: list[dict[str, Any]] = []
+            held: list[Held] = []
+            for s, d in mine:
+                if s.kind in (AltKind.MIG, AltKind.WHOLE):
+                    results.append(
+                        {
+                            "request": s.alternative.result_name,
+                            "driver": DRIVER_NAME,
+                            "pool": d.pool,
+                            "device": d.name,
+                        }
+                    )
+                    held.append((d.pool, d.name))
+                    continue
+                amount = plan.shares[s.policy_name].amount
+                result = share_result(s.alternative.result_name, d, amount)
+                results.append(result)
+                held.append(
+                    ShareUse(
+                        d.pool, d.name, result["shareID"], amount.memory_mib, amount.cores, amount.shares
+                    )
+                )
+            allocations.append(
+                ClaimAllocation(
+                    claim, results, allocation_config(claim, classes, chosen), [d for _, d in mine], held
+                )
+            )
+        return Decision(node=node, allocations=allocations, stranded_mib=stranded, isolated=isolated)
+
+
+def short_reason_values() -> list[str]:
+    return [r.value for r in ShortReason] + [r.value for r in ControllerReason]

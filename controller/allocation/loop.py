@@ -1,0 +1,289 @@
+"""The allocation loop (mode `controller`): gated pods -> allocated claims -> gate removed.
+
+One thread owns all state: it applies watch events to the stores and the ledger, then places the
+gated pods that became dirty (new, or capacity changed since they last failed), oldest first, and
+deallocates claims whose pods are gone. Only the leader writes; a standby keeps its cache warm.
+
+Per pod (controller/allocation/allocate.py): decide all its claims at once, assume the devices in the ledger,
+write every claim, then release the pod; all or nothing, never allocated twice.
+
+Every object the controller writes goes into its cache as *assumed* (controller/kube/watchcache.py): the
+watch's older versions of it (our own earlier writes) are ignored, and the ledger keeps an allocation
+assumed until the watch shows it. One object the controller cannot process is skipped with a metric and
+an Event (controller/allocation/skips.py); it never stops the loop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
+
+from controller.allocation.allocate import Pending, PodAllocation, allocated_devices
+from controller.allocation.deallocate import deallocate, has_finalizer, needs_attention
+from controller.allocation.nodefilter import schedulable_view
+from controller.allocation.skips import SkipReporter
+from controller.claims.cel import CelEnvironment
+from controller.claims.podclaims import LiveRefs, is_gated, is_terminal, referenced_claims
+from controller.claims.requests import CandidateIndex
+from controller.kube.watchcache import Event, WatchCache, resource_version
+from controller.kube.writer import CONDITION_TYPE, NotLeader, Writer, is_conflict, is_not_found
+from controller.runtime.metrics import ControllerMetrics, Snapshot, instance_rows
+from controller.state.inventory import Inventory
+from controller.state.ledger import Ledger
+from driver.looprunner import LoopRunner
+from driver.policy.allocator import PackingPolicy, Policy
+
+log = structlog.get_logger(__name__)
+
+Obj = dict[str, Any]
+RESYNC_S = 30.0
+STUCK_AFTER_S = 300.0  # one step beats per pod and claim; this long without one is a hung write
+
+
+def _transient(exc: Exception) -> bool:
+    """An error of the API or the network (retried), not of the object being processed."""
+    return isinstance(exc, ApiException | OSError | HTTPError)
+
+
+class Controller(PodAllocation):
+    def __init__(
+        self,
+        cache: WatchCache,
+        writer: Writer | None,
+        *,
+        policy: Policy | None = None,
+        metrics: ControllerMetrics | None = None,
+        is_leader: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self.cache = cache
+        self.writer = writer
+        self.policy = policy or PackingPolicy()
+        self.metrics = metrics or ControllerMetrics()
+        self.is_leader = is_leader
+        if writer is not None:  # leadership is checked before every write, not once per step
+            writer_leads = writer.is_leader
+            writer.is_leader = lambda: writer_leads() and is_leader()
+        self.cel = CelEnvironment()
+        self.ledger = Ledger(Inventory(()))
+        self.index = CandidateIndex(self.ledger.inventory, self.cel)
+        self.pending: dict[str, Pending] = {}
+        self.dirty: set[str] = set()
+        self.claims_to_check: set[str] = set()
+        self.pods_by_uid: dict[str, Obj] = {}
+        self.live_refs = LiveRefs()
+        self.skips = SkipReporter(self.metrics)
+        self.runner: LoopRunner | None = None
+        self._slices_dirty = False
+        self._last_resync = 0.0
+
+    # --- events -------------------------------------------------------------------------------------
+
+    def apply(self, events: list[Event]) -> None:
+        capacity_changed = False
+        for event in events:
+            store = self.cache.stores[event.resource]
+            stale_before = store.stale_ignored
+            try:
+                changes = store.apply(event)
+            except Exception as exc:  # a malformed event (no metadata, not an object): nothing to apply
+                self._skip(event.resource, "", event.obj, exc)
+                continue
+            self.metrics.stale_events.inc(store.stale_ignored - stale_before)
+            for key, old, new in changes:
+                try:
+                    capacity_changed |= self._on_change(event.resource, key, old, new)
+                except Exception as exc:
+                    self._skip(event.resource, key, new if new is not None else old, exc)
+        if self._slices_dirty and self.cache.stores["resourceslices"].synced:
+            try:
+                self._rebuild()
+            except Exception as exc:  # the old inventory stays; the next slice change tries again
+                self._slices_dirty = False
+                self._skip("resourceslices", "", None, exc)
+            capacity_changed = True
+        if capacity_changed:
+            self.dirty |= set(self.pending)
+
+    def _skip(self, resource: str, key: str, obj: Obj | None, exc: Exception) -> None:
+        self.skips.skip(resource, key, obj, exc, self.writer, leading=self._leading())
+
+    def _leading(self) -> bool:
+        try:
+            return self.is_leader()
+        except Exception:  # an elector that cannot tell is not leading
+            return False
+
+    def _on_change(self, resource: str, key: str, old: Obj | None, new: Obj | None) -> bool:
+        if resource == "resourceslices":
+            self._slices_dirty = True
+            return False
+        if resource == "deviceclasses":
+            self.index = CandidateIndex(self.ledger.inventory, self.cel)
+            return True
+        if resource == "nodes":
+            # Heartbeats change node status every few seconds; only what the node filter reads matters.
+            return schedulable_view(old) != schedulable_view(new)
+        if resource == "resourceclaims":
+            obj = new or old
+            assert obj is not None
+            uid = obj["metadata"]["uid"]
+            before = len(self.ledger.owners)
+            if new is None:
+                self.ledger.forget(uid)
+            else:
+                self.ledger.observe(uid, allocated_devices(new), resource_version(new))
+            if has_finalizer(obj):
+                self.claims_to_check.add(key)
+            # A new claim may be what a pending pod waited for.
+            self.dirty |= {k for k, p in self.pending.items() if p.reason == "WaitingForClaims"}
+            return len(self.ledger.owners) < before
+        if resource == "pods":
+            obj = new or old
+            assert obj is not None
+            uid = obj["metadata"].get("uid", "")
+            if new is None or is_terminal(new):
+                self.pods_by_uid.pop(uid, None)
+                self.live_refs.drop(uid)
+                self.pending.pop(key, None)
+                self.claims_to_check |= referenced_claims(obj)
+                return False
+            refs = referenced_claims(new)  # first: a pod it cannot read is skipped before it counts
+            self.pods_by_uid[uid] = new
+            self.live_refs.set(uid, refs)
+            if is_gated(new):
+                self.dirty.add(key)
+                self.pending.setdefault(key, Pending(time.monotonic()))
+            else:
+                self.pending.pop(key, None)
+        return False
+
+    def _rebuild(self) -> None:
+        started = time.monotonic()
+        inventory = Inventory(self.cache["resourceslices"].values())
+        self.ledger = self.ledger.rebuilt(inventory)
+        self.cel.clear_memos()
+        self.index = CandidateIndex(inventory, self.cel)
+        self._slices_dirty = False
+        log.info(
+            "inventory rebuilt",
+            pools=len(inventory.pools),
+            gpus=len(inventory.gpus),
+            seconds=round(time.monotonic() - started, 3),
+        )
+
+    # --- main loop ----------------------------------------------------------------------------------
+
+    def run(self, stop: Callable[[], bool], runner: Callable[[LoopRunner], LoopRunner] | None = None) -> None:
+        """Apply events and step until `stop()`, in the calling thread. Any exception is retried with
+        backoff (driver/looprunner.py); `runner` may register the loop with a health check."""
+        self.cache.start()
+
+        def once() -> None:
+            if stop():
+                loop.stop()
+                return
+            self.apply(self.cache.next_batch(timeout_s=1.0))
+            self.step()
+
+        loop = LoopRunner(
+            "allocation",
+            once,
+            stuck_after_s=STUCK_AFTER_S,
+            on_error=lambda _exc: self.metrics.loop_errors.labels("allocation").inc(),
+        )
+        self.runner = runner(loop) if runner is not None else loop
+        self.runner.run()
+        self.cache.stop()
+
+    def _beat(self) -> None:
+        if self.runner is not None:
+            self.runner.beat()
+
+    def step(self) -> None:
+        """Work on what is dirty (only when synced and leading); publish metrics."""
+        if not self.cache.synced:
+            return
+        now = time.monotonic()
+        if now - self._last_resync > RESYNC_S:
+            self._last_resync = now
+            self.dirty |= set(self.pending)
+            self.claims_to_check |= {k for k, c in self.cache["resourceclaims"].items() if has_finalizer(c)}
+        if self._leading() and self.writer is not None:
+            for key in sorted(
+                self.dirty, key=lambda k: self.pending[k].first_seen if k in self.pending else 0
+            ):
+                self.dirty.discard(key)
+                if not self._guard("allocate", self._process_pod, key):
+                    self.dirty.add(key)
+                    break
+            for key in sorted(self.claims_to_check):
+                self.claims_to_check.discard(key)
+                if not self._guard("deallocate", self._check_claim, key):
+                    self.claims_to_check.add(key)
+                    break
+        try:
+            self._publish()
+        except Exception as exc:  # metrics only: never worth stopping allocation for
+            self.metrics.reconcile_errors.labels("publish").inc()
+            log.exception("publishing metrics failed", error=str(exc))
+
+    def _guard(self, stage: str, fn: Callable[[str], None], key: str) -> bool:
+        """Run one reconcile; False when leadership was lost (stop writing at once)."""
+        self._beat()
+        try:
+            fn(key)
+        except NotLeader as exc:
+            log.info("leadership lost mid-step; not writing", stage=stage, key=key, error=str(exc))
+            return False
+        except Exception as exc:  # one bad object must not stop the loop; it is retried on resync
+            self.metrics.reconcile_errors.labels(stage).inc()
+            log.exception("reconcile failed", stage=stage, key=key, error=str(exc))
+            if not _transient(exc):  # the object itself is the problem: tell its owner
+                resource = "pods" if stage == "allocate" else "resourceclaims"
+                self._skip(resource, key, self.cache[resource].get(key), exc)
+        return True
+
+    def _publish(self) -> None:
+        gated: dict[str, int] = {}
+        for p in self.pending.values():
+            gated[p.reason or "Pending"] = gated.get(p.reason or "Pending", 0) + 1
+        pools = {name: pool.node for name, pool in self.ledger.inventory.pools.items()}
+        self.metrics.publish(
+            Snapshot(
+                gpus=tuple(self.ledger.cluster.gpus()),
+                instances=tuple(instance_rows(self.cache["resourceclaims"].values(), pools)),
+                gated=gated,
+                shared=tuple(self.ledger.shared_states().values()),
+            )
+        )
+
+    # --- deallocation -------------------------------------------------------------------------------
+
+    def _check_claim(self, key: str) -> None:
+        claim = self.cache["resourceclaims"].get(key)
+        if claim is None:
+            return
+        action = needs_attention(claim, lambda uid: uid in self.pods_by_uid, self.live_refs.in_use)
+        if action is None:
+            return
+        assert self.writer is not None
+        try:
+            result = deallocate(self.writer, claim, action, self.pods_by_uid)
+        except ApiException as exc:
+            if is_conflict(exc) or is_not_found(exc):
+                return  # the watch brings the new version, which is checked again
+            raise
+        if result is not None:
+            self.cache.stores["resourceclaims"].assume(result)
+            self.ledger.observe(
+                result["metadata"]["uid"], allocated_devices(result), resource_version(result)
+            )
+        self.dirty |= set(self.pending)
+
+
+__all__ = ["CONDITION_TYPE", "Controller", "Pending", "allocated_devices"]

@@ -1,0 +1,357 @@
+"""A pod's claims -> the device requests the policy places (candidate filtering by CEL selectors).
+
+For every request of every claim (`exactly`, or each `firstAvailable` subrequest in order) this finds
+the published MIG devices its DeviceClass selectors and its own selectors admit, and hands the policy a
+`DeviceRequest` whose `device_filter` admits exactly those (profile, placement) pairs per GPU. A request
+with `count: N` becomes N policy requests. The per-GPU candidate sets are cached per selector set until
+the published devices change, so a thousand pods asking for the same class cost one scan.
+
+Shared (HAMi-core) GPUs: an alternative whose selectors match `gpu-<i>-shared` devices and no MIG
+device, or one with `capacity.requests`, is served by shares; its `ShareSpec` holds the capacity
+requests (names and values checked here and against each GPU's requestPolicy at decision time) and the
+memory percentage of a `SharedGpuRequest` opaque config that names it (or names no request).
+
+Whole GPUs (`gpu-<i>`, class gpu.flexmig.dev): an alternative whose selectors admit whole-GPU devices
+and no MIG or shared device is served by idle whole GPUs (driver/policy/whole.py); `whole_candidates`
+gives the GPUs whose whole device it admits. Selectors admitting MIG devices as well stay MIG requests.
+
+What the controller does not allocate is refused with a message naming the field, never guessed at:
+`allocationMode: All` (MIG placements overlap, so "every matching device" cannot be allocated
+together), `adminAccess`, capacity requests on MIG or whole-GPU devices, an opaque config for
+gpu.flexmig.dev that is not a known type (api/opaqueconfig.py), and a memoryPercentage config that
+applies only to requests no share can serve (or names no request of the claim).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from api.constants import DRIVER_NAME
+from api.opaqueconfig import OpaqueConfigError, decode_parameters
+from controller.claims.cel import CelCompileError, CelEnvironment, DeviceSelector
+from controller.shared.capacity import ShareRequestError, ShareSpec, parse_capacity_requests
+from controller.state.inventory import Inventory, PublishedDevice
+from driver.policy.model import GpuRef
+
+MAX_COUNT = 32  # the API's limit on results per claim
+
+
+class RequestError(ValueError):
+    """A claim asks for something the controller cannot allocate; the message names the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class Alternative:
+    """One way to satisfy a claim request: `exactly`, or one `firstAvailable` subrequest."""
+
+    result_name: str  # "gpu" or "gpu/sub", as written in allocation results
+    class_name: str
+    selectors: tuple[str, ...]  # class selectors first, then the request's
+    count: int
+    share: ShareSpec | None = None  # what a share must hold, when capacity or a percent config is given
+    capacity_requested: bool = False  # capacity.requests present: only shared devices can serve it
+
+    @property
+    def request_name(self) -> str:
+        return self.result_name.split("/", 1)[0]
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    claim: str  # namespace/name
+    name: str
+    alternatives: tuple[Alternative, ...]
+
+
+@dataclass(slots=True)
+class Candidates:
+    """The published MIG devices one selector set admits, per GPU."""
+
+    per_gpu: dict[GpuRef, frozenset[tuple[str, int]]]
+    min_memory_mib: int
+    errors: list[str] = field(default_factory=list)
+
+
+def _spec_requests(claim: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return list(((claim.get("spec") or {}).get("devices") or {}).get("requests") or [])
+
+
+def _selectors(obj: Mapping[str, Any] | None) -> tuple[str, ...]:
+    out = []
+    for sel in (obj or {}).get("selectors") or ():
+        expr = (sel.get("cel") or {}).get("expression")
+        if expr:
+            out.append(str(expr))
+    return tuple(out)
+
+
+def _alternative(
+    where: str, result_name: str, body: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]]
+) -> Alternative:
+    class_name = body.get("deviceClassName")
+    if not class_name:
+        raise RequestError(f"{where}.deviceClassName is required")
+    device_class = classes.get(class_name)
+    if device_class is None:
+        raise RequestError(f"{where}.deviceClassName: DeviceClass {class_name!r} does not exist")
+    mode = body.get("allocationMode") or "ExactCount"
+    if mode != "ExactCount":
+        raise RequestError(
+            f"{where}.allocationMode {mode!r} is not supported for MIG devices (overlapping placements "
+            "cannot all be allocated); allowed: ExactCount"
+        )
+    if body.get("adminAccess"):
+        raise RequestError(f"{where}.adminAccess is not supported by the flexmig controller")
+    try:
+        capacity = parse_capacity_requests(where, body)
+    except ShareRequestError as exc:
+        raise RequestError(str(exc)) from exc
+    count = body.get("count", 1)
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_COUNT:
+        raise RequestError(f"{where}.count must be an integer in 1..{MAX_COUNT}, got {count!r}")
+    return Alternative(
+        result_name,
+        class_name,
+        _selectors(device_class.get("spec")) + _selectors(body),
+        count,
+        ShareSpec(capacity) if capacity is not None else None,
+        capacity is not None,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PercentConfig:
+    """A `SharedGpuRequest` opaque config of a claim: where it is, the requests it names, its percent."""
+
+    where: str  # "claim ns/name spec.devices.config[i]"
+    names: tuple[str, ...]  # empty: every request of the claim
+    percent: int
+
+
+def _percent_configs(claim: Mapping[str, Any], key: str) -> list[PercentConfig]:
+    """Every opaque config of the claim for our driver, decoded strictly (api/opaqueconfig.py): a config
+    for gpu.flexmig.dev that is not a known type is an error, never ignored (a typo in `kind` would
+    otherwise hand the pod the whole GPU instead of its percentage)."""
+    out = []
+    for i, cfg in enumerate(((claim.get("spec") or {}).get("devices") or {}).get("config") or ()):
+        opaque = cfg.get("opaque") or {}
+        if opaque.get("driver") != DRIVER_NAME:
+            continue
+        where = f"claim {key} spec.devices.config[{i}]"
+        try:
+            decoded = decode_parameters(f"{where}.opaque.parameters", opaque.get("parameters"))
+        except OpaqueConfigError as exc:
+            raise RequestError(str(exc)) from exc
+        out.append(PercentConfig(where, tuple(cfg.get("requests") or ()), decoded.memory_percentage))
+    return out
+
+
+def _applies(cfg: PercentConfig, alt: Alternative) -> bool:
+    return not cfg.names or alt.result_name in cfg.names or alt.request_name in cfg.names
+
+
+def _with_percent(alt: Alternative, percents: list[PercentConfig], where: str) -> Alternative:
+    mine = sorted({c.percent for c in percents if _applies(c, alt)})
+    if not mine:
+        return alt
+    if len(mine) > 1:
+        raise RequestError(f"{where}: more than one SharedGpuRequest memoryPercentage applies: {mine}")
+    requests = dict(alt.share.requests) if alt.share is not None else {}
+    if "memory" in requests:
+        raise RequestError(
+            f"{where}: capacity.requests.memory and SharedGpuRequest.memoryPercentage both set; use one"
+        )
+    return replace(alt, share=ShareSpec(requests, mine[0]))
+
+
+def _check_names(percents: list[PercentConfig], out: list[ClaimRequest]) -> None:
+    """A config naming no request of the claim would be silently dropped; refuse it."""
+    known = {n for r in out for a in r.alternatives for n in (a.result_name, a.request_name)}
+    for cfg in percents:
+        missing = [n for n in cfg.names if n not in known]
+        if missing:
+            raise RequestError(
+                f"{cfg.where}.requests: {', '.join(map(repr, missing))} names no request of the claim; "
+                f"allowed: {', '.join(sorted(known))}"
+            )
+
+
+def claim_requests(
+    claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]], index: CandidateIndex
+) -> list[ClaimRequest]:
+    """The requests of one claim with their alternatives (RequestError for what cannot be served).
+
+    `index` tells which alternatives HAMi-core shares can serve: a memoryPercentage config that applies
+    only to requests no share can serve would be dropped silently, so it is refused."""
+    meta = claim.get("metadata") or {}
+    key = f"{meta.get('namespace')}/{meta.get('name')}"
+    percents = _percent_configs(claim, key)
+    out = []
+    for i, req in enumerate(_spec_requests(claim)):
+        name = req.get("name") or f"#{i}"
+        where = f"claim {key} spec.devices.requests[{name}]"
+        alts: tuple[Alternative, ...]
+        if req.get("exactly"):
+            alts = (_alternative(f"{where}.exactly", name, req["exactly"], classes),)
+        elif req.get("firstAvailable"):
+            alts = tuple(
+                _alternative(
+                    f"{where}.firstAvailable[{sub.get('name')}]", f"{name}/{sub.get('name')}", sub, classes
+                )
+                for sub in req["firstAvailable"]
+            )
+        else:
+            raise RequestError(f"{where}: one of exactly or firstAvailable is required")
+        if percents:
+            alts = tuple(_with_percent(a, percents, where) for a in alts)
+        out.append(ClaimRequest(key, name, alts))
+    if not out:
+        raise RequestError(f"claim {key} has no device requests")
+    if percents:
+        _check_names(percents, out)
+        _check_percent_targets(percents, out, index)
+    return out
+
+
+def _check_percent_targets(
+    percents: list[PercentConfig], out: list[ClaimRequest], index: CandidateIndex
+) -> None:
+    """A named request must have an alternative shares can serve; a config naming no request must
+    apply to at least one such alternative of the claim (it is meant for the claim's shared requests)."""
+    for cfg in percents:
+        targets = [a for r in out for a in r.alternatives if _applies(cfg, a)]
+        if cfg.names:
+            for r in out:
+                alts = [a for a in r.alternatives if _applies(cfg, a)]
+                if alts and not any(index.may_share(a) for a in alts):
+                    raise _no_share(cfg, ", ".join(a.result_name for a in alts))
+        elif not any(index.may_share(a) for a in targets):
+            raise _no_share(cfg, "every request of the claim")
+
+
+def _no_share(cfg: PercentConfig, what: str) -> RequestError:
+    return RequestError(
+        f"{cfg.where}: SharedGpuRequest.memoryPercentage applies to {what}, which only MIG or whole-GPU "
+        "devices serve; a percentage is for shares of HAMi-core GPUs: name a request whose class is "
+        "hami-core.gpu.flexmig.dev (or that asks for capacity), or remove the config"
+    )
+
+
+class CandidateIndex:
+    """Per selector set, the matching published MIG devices of every GPU (cached per inventory)."""
+
+    def __init__(self, inventory: Inventory, cel_env: CelEnvironment) -> None:
+        self.inventory = inventory
+        self.cel = cel_env
+        self._cache: dict[tuple[str, ...], Candidates] = {}
+        self._shared: dict[tuple[str, ...], dict[GpuRef, PublishedDevice]] = {}
+        self._whole: dict[tuple[str, ...], frozenset[GpuRef]] = {}
+        # Per (selectors, share spec): what one share consumes on each GPU (controller/shared/shares.py).
+        self.share_amounts_cache: dict[tuple[Any, ...], Any] = {}
+
+    def _compiled(self, selectors: Sequence[str]) -> list[DeviceSelector]:
+        try:
+            return [self.cel.compile(s) for s in selectors]
+        except CelCompileError as exc:
+            raise RequestError(str(exc)) from exc
+
+    def _match(self, compiled: Sequence[DeviceSelector], dev: PublishedDevice, errors: list[str]) -> bool:
+        for sel in compiled:
+            verdict = sel.evaluate(dev.cel)
+            if verdict is True:
+                continue
+            if isinstance(verdict, str) and len(errors) < 3 and verdict not in errors:
+                errors.append(verdict)
+            return False
+        return True
+
+    def may_share(self, alt: Alternative) -> bool:
+        """Whether HAMi-core shares may serve `alt`, by the rule of controller/shared/shares.py `classify`:
+        capacity asked, or no MIG device but a shared one admitted. An alternative nothing matches yet
+        counts as one (the devices it waits for may be shared); only MIG or whole-GPU matches do not."""
+        if alt.capacity_requested:
+            return True
+        if self.candidates(alt.selectors).per_gpu:
+            return False
+        return bool(self.shared_candidates(alt.selectors)) or not self.whole_candidates(alt.selectors)
+
+    def candidates(self, selectors: tuple[str, ...]) -> Candidates:
+        hit = self._cache.get(selectors)
+        if hit is not None:
+            return hit
+        compiled = self._compiled(selectors)
+        errors: list[str] = []
+        per_gpu: dict[GpuRef, frozenset[tuple[str, int]]] = {}
+        interned: dict[frozenset[tuple[str, int]], frozenset[tuple[str, int]]] = {}
+        min_memory: int | None = None
+        for gpu in self.inventory.gpus.values():
+            pool = self.inventory.pools[gpu.pool]
+            allowed = set()
+            for (profile, start), name in gpu.mig_devices.items():
+                if self._match(compiled, pool.devices[name], errors):
+                    allowed.add((profile, start))
+            if allowed:
+                frozen = frozenset(allowed)
+                per_gpu[gpu.ref] = interned.setdefault(frozen, frozen)  # identical GPUs share one set
+                names = {p for p, _ in allowed}
+                for prof in gpu.catalog.profiles:
+                    if prof.name in names and (min_memory is None or prof.memory_mib < min_memory):
+                        min_memory = prof.memory_mib
+        result = Candidates(per_gpu, min_memory or 0, errors)
+        self._cache[selectors] = result
+        return result
+
+    def whole_candidates(self, selectors: tuple[str, ...]) -> frozenset[GpuRef]:
+        """The GPUs whose whole-GPU device `gpu-<i>` a selector set admits (allocated or not)."""
+        hit = self._whole.get(selectors)
+        if hit is not None:
+            return hit
+        compiled = self._compiled(selectors)
+        errors: list[str] = []
+        out = frozenset(
+            gpu.ref
+            for gpu in self.inventory.gpus.values()
+            if gpu.whole_device is not None
+            and self._match(compiled, self.inventory.pools[gpu.pool].devices[gpu.whole_device], errors)
+        )
+        self._whole[selectors] = out
+        return out
+
+    def shared_candidates(self, selectors: tuple[str, ...]) -> dict[GpuRef, PublishedDevice]:
+        """The shareable GPUs (their `gpu-<i>-shared` devices) a selector set admits."""
+        hit = self._shared.get(selectors)
+        if hit is not None:
+            return hit
+        compiled = self._compiled(selectors)
+        errors: list[str] = []
+        out: dict[GpuRef, PublishedDevice] = {}
+        for ref, info in self.inventory.shared.items():
+            dev = self.inventory.device((info.pool, info.device))
+            if dev is not None and self._match(compiled, dev, errors):
+                out[ref] = dev
+        self._shared[selectors] = out
+        return out
+
+
+def allocation_config(
+    claim: Mapping[str, Any],
+    classes: Mapping[str, Mapping[str, Any]],
+    chosen: Mapping[str, Alternative],
+) -> list[dict[str, Any]]:
+    """status.allocation.devices.config: class configs (FromClass) then the claim's (FromClaim)."""
+    out: list[dict[str, Any]] = []
+    for request, alt in chosen.items():
+        spec = (classes.get(alt.class_name) or {}).get("spec") or {}
+        for cfg in spec.get("config") or ():
+            if cfg.get("opaque"):
+                out.append({"source": "FromClass", "requests": [request], "opaque": cfg["opaque"]})
+    for cfg in ((claim.get("spec") or {}).get("devices") or {}).get("config") or ():
+        if not cfg.get("opaque"):
+            continue
+        entry: dict[str, Any] = {"source": "FromClaim", "opaque": cfg["opaque"]}
+        if cfg.get("requests"):
+            entry["requests"] = list(cfg["requests"])
+        out.append(entry)
+    return out

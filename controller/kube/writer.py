@@ -1,0 +1,184 @@
+"""Every write the controller makes, as raw JSON with optimistic concurrency.
+
+Each write carries the resourceVersion the decision was made on, so the API server answers 409 if the
+object changed meanwhile (another replica, kube-scheduler, a user); callers re-read and decide again
+instead of overwriting. Merge patches that include `metadata.resourceVersion` get the same guarantee.
+
+Leadership is checked before EVERY write (`NotLeader`), not once per step: a step can outlast the
+renew deadline, and a replica that lost its lease must not write one more object.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from api.constants import ALLOCATION_GATE
+from controller.kube.rest import MERGE_PATCH, claim_path, pod_path, request
+from controller.runtime import crashpoints
+
+FINALIZER = "gpu.flexmig.dev/allocation-protection"
+"""On claims the controller allocated: it, not the resourceclaim controller, deallocates them."""
+
+ALLOCATED_FOR_ANNOTATION = "gpu.flexmig.dev/allocated-for-pod"
+"""On claims the controller allocated: the UID of the pod they were allocated for."""
+
+CONDITION_TYPE = "gpu.flexmig.dev/Allocated"
+"""Pod condition naming why the controller cannot place the pod (status False) or that it did."""
+
+Obj = dict[str, Any]
+
+
+class NotLeader(Exception):
+    """This replica does not (or no longer) hold the lease: the write was not sent."""
+
+
+def is_conflict(exc: BaseException) -> bool:
+    return isinstance(exc, ApiException) and exc.status == 409
+
+
+def is_not_found(exc: BaseException) -> bool:
+    return isinstance(exc, ApiException) and exc.status == 404
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+Send = Callable[..., dict[str, Any]]
+"""`request(api_client, method, path, body, content_type=...)` (controller/kube/rest.py) or a stand-in."""
+
+
+class Writer:
+    def __init__(
+        self,
+        api_client: Any,
+        component: str = "flexmig-controller",
+        *,
+        is_leader: Callable[[], bool] = lambda: True,
+        send: Send = request,
+    ) -> None:
+        self.api = api_client
+        self.component = component
+        self.is_leader = is_leader
+        self._send = send
+
+    def _write(self, method: str, path: str, body: Any, content_type: str = "application/json") -> Obj:
+        if not self.is_leader():
+            raise NotLeader(f"not the leader: {method} {path} not sent")
+        return self._send(self.api, method, path, body, content_type=content_type)
+
+    # --- claims -------------------------------------------------------------------------------------
+
+    def read_claim(self, namespace: str, name: str) -> Obj:
+        return self._send(self.api, "GET", claim_path(namespace, name))
+
+    def protect_claim(self, claim: Mapping[str, Any], pod_uid: str) -> Obj:
+        """Add our finalizer and the pod annotation (409 if the claim changed since `claim`).
+
+        A full update, not a patch: kube-apiserver 1.37 rejects any patch of a claim whose spec carries
+        opaque config ("spec: field is immutable"), while an update with the same spec passes.
+        """
+        body: Obj = json.loads(json.dumps(claim))
+        meta = body["metadata"]
+        if FINALIZER not in (meta.get("finalizers") or []):
+            meta.setdefault("finalizers", []).append(FINALIZER)
+        meta.setdefault("annotations", {})[ALLOCATED_FOR_ANNOTATION] = pod_uid
+        return self._write("PUT", claim_path(meta["namespace"], meta["name"]), body)
+
+    def write_allocation(self, claim: Mapping[str, Any], allocation: Mapping[str, Any] | None) -> Obj:
+        """Replace status.allocation (None clears it, with the device statuses that depend on it)."""
+        if allocation is not None:
+            crashpoints.reach("before-allocation-write")
+        body = json.loads(json.dumps(claim))
+        status = body.setdefault("status", {})
+        if allocation is None:
+            status.pop("allocation", None)
+            status.pop("devices", None)
+        else:
+            status["allocation"] = dict(allocation)
+        meta = claim["metadata"]
+        return self._write("PUT", claim_path(meta["namespace"], meta["name"], "status"), body)
+
+    def unprotect_claim(self, claim: Mapping[str, Any]) -> Obj | None:
+        """Remove our finalizer and annotation (None if the claim is gone as a result)."""
+        body: Obj = json.loads(json.dumps(claim))
+        meta = body["metadata"]
+        meta["finalizers"] = [f for f in meta.get("finalizers") or [] if f != FINALIZER]
+        (meta.get("annotations") or {}).pop(ALLOCATED_FOR_ANNOTATION, None)
+        try:
+            return self._write("PUT", claim_path(meta["namespace"], meta["name"]), body)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    # --- pods ---------------------------------------------------------------------------------------
+
+    def read_pod(self, namespace: str, name: str) -> Obj:
+        return self._send(self.api, "GET", pod_path(namespace, name))
+
+    def release_pod(self, pod: Mapping[str, Any], annotations: Mapping[str, str]) -> Obj:
+        """Write the mirror annotation and remove our scheduling gate (409 if the pod changed)."""
+        crashpoints.reach("before-gate-removal")
+        meta = pod["metadata"]
+        gates = [
+            g
+            for g in (pod.get("spec") or {}).get("schedulingGates") or []
+            if g.get("name") != ALLOCATION_GATE
+        ]
+        body = {
+            "metadata": {"resourceVersion": meta["resourceVersion"], "annotations": dict(annotations)},
+            "spec": {"schedulingGates": gates},
+        }
+        return self._write("PATCH", pod_path(meta["namespace"], meta["name"]), body, MERGE_PATCH)
+
+    def set_condition(self, pod: Mapping[str, Any], status: str, reason: str, message: str) -> None:
+        meta = pod["metadata"]
+        condition = {
+            "type": CONDITION_TYPE,
+            "status": status,
+            "reason": reason,
+            "message": message[:1024],
+            "lastTransitionTime": _now(),
+        }
+        # Strategic merge: pod conditions merge by type, so other conditions are left alone.
+        self._write(
+            "PATCH",
+            pod_path(meta["namespace"], meta["name"], "status"),
+            {"status": {"conditions": [condition]}},
+            "application/strategic-merge-patch+json",
+        )
+
+    def event(self, obj: Mapping[str, Any], kind: str, event_type: str, reason: str, message: str) -> None:
+        meta = obj["metadata"]
+        now = _now()
+        body: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {
+                "name": f"{meta['name']}.{uuid.uuid4().hex[:12]}",
+                "namespace": meta.get("namespace") or "default",
+            },
+            "involvedObject": {
+                "apiVersion": "v1" if kind == "Pod" else "resource.k8s.io/v1",
+                "kind": kind,
+                "name": meta["name"],
+                "namespace": meta.get("namespace"),
+                "uid": meta.get("uid"),
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": event_type,
+            "source": {"component": self.component},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+            "reportingComponent": self.component,
+        }
+        self._write("POST", f"/api/v1/namespaces/{body['metadata']['namespace']}/events", body)

@@ -1,0 +1,1 @@
+"""The controller process: its background loops, metrics, health endpoint and fault injection."""

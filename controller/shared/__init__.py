@@ -1,0 +1,1 @@
+"""Every HAMi-core shared-GPU rule of the controller: published capacities, shares, their status view."""

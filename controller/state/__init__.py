@@ -1,0 +1,1 @@
+"""What the cluster publishes and what of it is held: inventory from ResourceSlices, the ledger, its audit."""

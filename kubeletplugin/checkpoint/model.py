@@ -1,0 +1,229 @@
+"""The checkpoint's records and their JSON form: what a claim's prepared devices are, and how they are
+written to and verified from disk. The store that locks, loads and atomically saves them is
+`kubeletplugin.checkpoint.store`.
+
+The file is
+
+    {"version": 1, "bootID": "...", "checksum": "<sha256 hex>", "claims": {"<uid>": {...}}}
+
+`checksum` is the SHA-256 of the canonical JSON (sorted keys, no whitespace) of the object without the
+checksum field. A mismatch or an unknown version raises `CheckpointCorrupt` instead of starting empty:
+an empty checkpoint would make the plugin forget instances it created and then either leak them or,
+worse, treat them as someone else's.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubeletplugin.shared.capacity import SharedShare, shares_from_json, shares_to_json
+
+CHECKPOINT_VERSION = 1
+
+
+class CheckpointCorrupt(Exception):
+    """The checkpoint exists but cannot be trusted; an operator has to look at it."""
+
+
+class ClaimState(enum.StrEnum):
+    PREPARE_STARTED = "PrepareStarted"
+    PREPARE_COMPLETED = "PrepareCompleted"
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedDeviceRecord:
+    """One allocated device of a claim. The MIG fields are None for a whole or shared GPU.
+
+    `shares` is set only for a HAMi-core shared GPU (`gpu-<i>-shared`): one entry per allocation result
+    naming the device (normally one), with its share id and consumed memory/cores. Nothing is created
+    through NVML for it.
+
+    `gi_id`, `ci_id`, `mig_uuid` stay None until NVML created the instance. `created_gi` / `created_ci`
+    say that *this plugin* created them, which is what allows reconcile to destroy them; an instance we
+    merely adopted is never destroyed by us.
+    """
+
+    request_names: tuple[str, ...]
+    pool: str
+    device_name: str
+    gpu_index: int
+    gpu_uuid: str
+    profile: str | None = None
+    gi_profile_id: int | None = None
+    placement_start: int | None = None
+    placement_size: int | None = None
+    gi_id: int | None = None
+    ci_id: int | None = None
+    mig_uuid: str | None = None
+    created_gi: bool = False
+    created_ci: bool = False
+    cdi_device_ids: tuple[str, ...] = ()
+    shares: tuple[SharedShare, ...] = ()
+
+    @property
+    def is_mig(self) -> bool:
+        return self.profile is not None
+
+    @property
+    def is_shared(self) -> bool:
+        return bool(self.shares)
+
+    @property
+    def realised(self) -> bool:
+        return self.gi_id is not None and self.ci_id is not None and self.mig_uuid is not None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimCheckpoint:
+    uid: str
+    namespace: str
+    name: str
+    state: ClaimState
+    devices: tuple[PreparedDeviceRecord, ...] = ()
+
+    def device(self, device_name: str) -> PreparedDeviceRecord | None:
+        return next((d for d in self.devices if d.device_name == device_name), None)
+
+
+@dataclass(slots=True)
+class Checkpoint:
+    boot_id: str
+    claims: dict[str, ClaimCheckpoint] = field(default_factory=dict)
+
+
+# --- (de)serialisation ---------------------------------------------------------------------------
+
+_DEVICE_FIELDS: tuple[tuple[str, str, tuple[type, ...], bool], ...] = (
+    # (python attribute, JSON key, accepted types, nullable)
+    ("request_names", "requestNames", (list,), False),
+    ("pool", "pool", (str,), False),
+    ("device_name", "deviceName", (str,), False),
+    ("gpu_index", "gpuIndex", (int,), False),
+    ("gpu_uuid", "gpuUUID", (str,), False),
+    ("profile", "profile", (str,), True),
+    ("gi_profile_id", "giProfileID", (int,), True),
+    ("placement_start", "placementStart", (int,), True),
+    ("placement_size", "placementSize", (int,), True),
+    ("gi_id", "giID", (int,), True),
+    ("ci_id", "ciID", (int,), True),
+    ("mig_uuid", "migUUID", (str,), True),
+    ("created_gi", "createdGI", (bool,), False),
+    ("created_ci", "createdCI", (bool,), False),
+    ("cdi_device_ids", "cdiDeviceIDs", (list,), False),
+)
+
+
+def _device_to_json(d: PreparedDeviceRecord) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for attr, key, _, _ in _DEVICE_FIELDS:
+        value = getattr(d, attr)
+        out[key] = list(value) if isinstance(value, tuple) else value
+    if d.shares:  # only shared GPUs: MIG/whole records keep the exact layout of earlier versions
+        out["shares"] = shares_to_json(d.shares)
+    return out
+
+
+def _device_from_json(where: str, raw: Any) -> PreparedDeviceRecord:
+    if not isinstance(raw, dict):
+        raise CheckpointCorrupt(f"{where}: must be an object")
+    kwargs: dict[str, Any] = {}
+    for attr, key, types, nullable in _DEVICE_FIELDS:
+        if key not in raw:
+            raise CheckpointCorrupt(f"{where}: field {key!r} is missing")
+        value = raw[key]
+        if value is None and nullable:
+            kwargs[attr] = None
+            continue
+        # bool is an int subclass: never accept it where an integer id is expected.
+        if not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
+            raise CheckpointCorrupt(f"{where}: field {key!r} has the wrong type ({type(value).__name__})")
+        if isinstance(value, list):
+            if not all(isinstance(v, str) for v in value):
+                raise CheckpointCorrupt(f"{where}: field {key!r} must be a list of strings")
+            value = tuple(value)
+        kwargs[attr] = value
+    try:
+        # Absent in files of plugins that predate shared GPUs (and for MIG/whole records).
+        shares = shares_from_json(raw.get("shares"))
+    except ValueError as exc:
+        raise CheckpointCorrupt(f"{where}: {exc}") from None
+    return PreparedDeviceRecord(**kwargs, shares=shares)
+
+
+def _claim_to_json(c: ClaimCheckpoint) -> dict[str, Any]:
+    return {
+        "uid": c.uid,
+        "namespace": c.namespace,
+        "name": c.name,
+        "state": c.state.value,
+        "devices": [_device_to_json(d) for d in c.devices],
+    }
+
+
+def _claim_from_json(uid: str, raw: Any) -> ClaimCheckpoint:
+    where = f"claim {uid}"
+    if not isinstance(raw, dict):
+        raise CheckpointCorrupt(f"{where}: must be an object")
+    for key in ("uid", "namespace", "name", "state"):
+        if not isinstance(raw.get(key), str):
+            raise CheckpointCorrupt(f"{where}: field {key!r} is missing or not a string")
+    if raw["uid"] != uid:
+        raise CheckpointCorrupt(f"{where}: stored under a key that differs from its uid {raw['uid']!r}")
+    try:
+        state = ClaimState(raw["state"])
+    except ValueError:
+        allowed = ", ".join(s.value for s in ClaimState)
+        raise CheckpointCorrupt(f"{where}: state {raw['state']!r} is not one of {allowed}") from None
+    devices = raw.get("devices")
+    if not isinstance(devices, list):
+        raise CheckpointCorrupt(f"{where}: field 'devices' is missing or not a list")
+    return ClaimCheckpoint(
+        uid=uid,
+        namespace=raw["namespace"],
+        name=raw["name"],
+        state=state,
+        devices=tuple(_device_from_json(f"{where} device {i}", d) for i, d in enumerate(devices)),
+    )
+
+
+def _canonical(payload: Mapping[str, Any]) -> bytes:
+    return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def checkpoint_to_json(cp: Checkpoint) -> dict[str, Any]:
+    payload: dict[str, Any] = {
+        "version": CHECKPOINT_VERSION,
+        "bootID": cp.boot_id,
+        "claims": {uid: _claim_to_json(c) for uid, c in sorted(cp.claims.items())},
+    }
+    payload["checksum"] = hashlib.sha256(_canonical(payload)).hexdigest()
+    return payload
+
+
+def checkpoint_from_json(doc: Any, source: str = "checkpoint") -> Checkpoint:
+    """Verify version and checksum, then decode. Raises CheckpointCorrupt naming what is wrong."""
+    if not isinstance(doc, dict):
+        raise CheckpointCorrupt(f"{source}: top level must be a JSON object")
+    version = doc.get("version")
+    if version != CHECKPOINT_VERSION:
+        raise CheckpointCorrupt(
+            f"{source}: unknown checkpoint version {version!r} (this plugin reads version"
+            f" {CHECKPOINT_VERSION}); refusing to guess which GPU instances it describes"
+        )
+    checksum = doc.get("checksum")
+    payload = {k: v for k, v in doc.items() if k != "checksum"}
+    expected = hashlib.sha256(_canonical(payload)).hexdigest()
+    if checksum != expected:
+        raise CheckpointCorrupt(
+            f"{source}: checksum mismatch (stored {checksum!r}, computed {expected!r}); the file was"
+            " modified or partially written"
+        )
+    boot_id, claims = doc.get("bootID"), doc.get("claims")
+    if not isinstance(boot_id, str) or not isinstance(claims, dict):
+        raise CheckpointCorrupt(f"{source}: 'bootID' must be a string and 'claims' an object")
+    return Checkpoint(boot_id=boot_id, claims={uid: _claim_from_json(uid, c) for uid, c in claims.items()})

@@ -1,0 +1,411 @@
+"""Prepare and unprepare of claims on this node: the `ClaimPreparer` behind the DRA gRPC server.
+
+Per claim, prepare is (docs/architecture.md, the prepare step of a pod's path):
+
+  fetch the claim, check its UID, keep results of driver `gpu.flexmig.dev` in this node's pool
+  -> look each device name up in the inventory (never choose a placement here)
+  -> (the whole call holds the claim's lock: claimlocks.working_on) under the claim's GPUs' locks:
+       PrepareCompleted in the checkpoint? return it (idempotent);
+       a stale PrepareStarted? roll it back first;
+       check every allocated placement is free, then checkpoint PrepareStarted (ownership intent,
+       see kubeletplugin/prepare/steps.py) -> MIG mode -> GI + full CI per MIG device, their ids recorded
+     then, with the GPU locks released (other claims on those GPUs go ahead: the entry already
+     fences our placements off, and the instances are recorded as ours):
+       CDI spec (atomic) -> PrepareCompleted with the realised identities (one write);
+       a failure here takes the GPU locks again to roll back
+  -> claim status.devices + the pods' HAMi mirror (outside the GPU locks; a failure is this claim's
+     error and the retry re-attempts just the write).
+
+A HAMi-core shared GPU (`gpu-<i>-shared`, hami-core nodes) creates nothing through NVML and never
+touches MIG mode: see kubeletplugin/shared/prepare.py.
+
+Nothing is serialised node-wide: claims on different GPUs run in parallel (within one call and across
+calls), each GPU admits one claim at a time, and the checkpoint writes of all claims in flight share
+fsyncs (checkpoint's group commit). One claim's failure never fails another. Unprepare destroys CI then GI (gone = success, IN_USE = the claim's error so
+kubelet retries), removes the CDI spec and the checkpoint entry; an unknown claim succeeds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import structlog
+from kubernetes.client.exceptions import ApiException
+
+from driver import cdi
+from driver.nvml.types import NvmlError
+from kubeletplugin.agent.crashpoints import Crashpoints
+from kubeletplugin.agent.metrics import NodeMetrics
+from kubeletplugin.checkpoint.model import ClaimCheckpoint, ClaimState, PreparedDeviceRecord
+from kubeletplugin.checkpoint.store import CheckpointStore
+from kubeletplugin.grpcserver import ClaimRef, PreparedDevice, PrepareResult
+from kubeletplugin.kube.kubeapi import ClaimApi, ClaimNotFound, ClaimView, api_error_text
+from kubeletplugin.kube.statuswriter import StatusWriter
+from kubeletplugin.prepare.cdiwriter import ClaimSpecWriter
+from kubeletplugin.prepare.claimlocks import ClaimLocks
+from kubeletplugin.prepare.claimrecords import UnknownDevices, records_for
+from kubeletplugin.prepare.migmode import MigModeError, MigModeManager
+from kubeletplugin.prepare.nvmlops import NvmlOps
+from kubeletplugin.prepare.overlap import DeviceOverlap, SharedLimits, check_no_overlap
+from kubeletplugin.prepare.steps import (
+    PlacementBusy,
+    RealisedClaim,
+    SharedGpuUnavailable,
+    check_placement_free,
+    check_shared_gpu,
+    destroy_mig,
+    realise_mig,
+)
+from kubeletplugin.publish.inventory import Inventory
+from kubeletplugin.shared.hamicore import HamiCoreSupport
+from kubeletplugin.shared.prepare import shared_cdi_devices, shared_usage
+
+log = structlog.get_logger(__name__)
+
+_MAX_PARALLEL_CLAIMS = 8
+
+
+class ClaimError(Exception):
+    """A claim cannot be prepared/unprepared; the message is what kubelet shows in the pod's events."""
+
+
+# What fails one claim's prepare with a message of its own (anything else is logged with a traceback).
+_PREPARE_FAILURES: tuple[type[Exception], ...] = (ClaimError, DeviceOverlap, NvmlError, MigModeError)
+_PREPARE_FAILURES += (PlacementBusy, SharedGpuUnavailable, ApiException, OSError, ValueError)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, ApiException):
+        return f"API server: {api_error_text(exc)}"
+    return str(exc)
+
+
+class Preparer:
+    def __init__(
+        self,
+        *,
+        node_name: str,
+        ops: NvmlOps,
+        migmode: MigModeManager,
+        inventory: Inventory,
+        store: CheckpointStore,
+        api: ClaimApi,
+        status: StatusWriter,
+        metrics: NodeMetrics,
+        cdi_dir: Path,
+        mig_minors: Mapping[str, int] | None,
+        crash: Crashpoints,
+        hami_core: HamiCoreSupport | None = None,
+        shared_split_count: int | None = None,
+        specs: ClaimSpecWriter | None = None,
+    ) -> None:
+        self._node = node_name
+        self._ops = ops
+        self._migmode = migmode
+        self._inventory = inventory
+        self._store = store
+        self._api = api
+        self._status = status
+        self._metrics = metrics
+        self._cdi_dir = cdi_dir
+        self._mig_minors = mig_minors
+        self._specs = specs or ClaimSpecWriter(
+            cdi_dir, mig_minors
+        )  # host-aware one from kubeletplugin/agent/main.py
+        self._crash = crash
+        self._hami_core = hami_core
+        self._split_count = shared_split_count
+        self.locks = ClaimLocks()
+        self._pool = ThreadPoolExecutor(max_workers=_MAX_PARALLEL_CLAIMS, thread_name_prefix="flexmig-claim")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def gpu_locks(self, indexes: Sequence[int]) -> contextlib.AbstractContextManager[None]:
+        return self.locks.gpus(indexes)
+
+    # -- ClaimPreparer --------------------------------------------------------------------------------
+
+    def prepare(self, claims: list[ClaimRef]) -> dict[str, PrepareResult]:
+        if len(claims) <= 1:
+            return {c.uid: self._prepare_timed(c) for c in claims}
+        futures = {c.uid: self._pool.submit(self._prepare_timed, c) for c in claims}
+        return {uid: f.result() for uid, f in futures.items()}
+
+    def unprepare(self, claims: list[ClaimRef]) -> dict[str, str | None]:
+        if len(claims) <= 1:
+            return {c.uid: self._unprepare_timed(c) for c in claims}
+        futures = {c.uid: self._pool.submit(self._unprepare_timed, c) for c in claims}
+        return {uid: f.result() for uid, f in futures.items()}
+
+    # -- prepare --------------------------------------------------------------------------------------
+
+    def _prepare_timed(self, ref: ClaimRef) -> PrepareResult:
+        start = time.monotonic()
+        try:
+            with self.locks.working_on(ref.uid):
+                result = PrepareResult(devices=self._prepare_one(ref))
+        except _PREPARE_FAILURES as exc:
+            log.error(
+                "prepare failed", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid, error=_describe(exc)
+            )
+            result = PrepareResult(error=f"flexmig: prepare {ref.namespace}/{ref.name}: {_describe(exc)}")
+        except Exception as exc:
+            # Anything unexpected (e.g. a connection error below the API client) is still only this
+            # claim's failure; the traceback goes to the log for whoever debugs it.
+            log.exception("prepare failed unexpectedly", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid)
+            result = PrepareResult(
+                error=f"flexmig: prepare {ref.namespace}/{ref.name}: {type(exc).__name__}: {exc}"
+            )
+        self._metrics.prepare_seconds.labels(result="error" if result.error else "ok").observe(
+            time.monotonic() - start
+        )
+        self.update_checkpoint_metrics()
+        return result
+
+    def _fetch(self, ref: ClaimRef) -> ClaimView:
+        try:
+            view = self._api.get_claim(ref.namespace, ref.name)
+        except ClaimNotFound as exc:
+            raise ClaimError(str(exc)) from exc
+        if view.uid != ref.uid:
+            raise ClaimError(f"ResourceClaim {ref.namespace}/{ref.name} has UID {view.uid}, not {ref.uid}")
+        return view
+
+    def _records_for(self, view: ClaimView) -> list[PreparedDeviceRecord]:
+        try:
+            return records_for(view, self._node, self._inventory)
+        except UnknownDevices as exc:
+            raise ClaimError(str(exc)) from None
+
+    def _prepare_one(self, ref: ClaimRef) -> list[PreparedDevice]:
+        view = self._fetch(ref)
+        records = self._records_for(view)
+        if not records:
+            return []
+        # A stale entry of this claim may name other GPUs (the claim was reallocated while an
+        # unprepare failed): its GPUs are locked too, because it may have to be rolled back.
+        previous = self._store.get_claim(ref.uid)
+        stale_gpus = [d.gpu_index for d in previous.devices] if previous is not None else []
+        with self.gpu_locks([r.gpu_index for r in records] + stale_gpus):
+            made = self._prepare_locked(ref, view, records)
+        entry = made if isinstance(made, ClaimCheckpoint) else self._finish(made)
+        self._status.write(view, entry)
+        return [
+            PreparedDevice(
+                request_names=list(d.request_names),
+                pool_name=d.pool,
+                device_name=d.device_name,
+                cdi_device_ids=list(d.cdi_device_ids),
+            )
+            for d in entry.devices
+        ]
+
+    def _prepare_locked(
+        self, ref: ClaimRef, view: ClaimView, records: list[PreparedDeviceRecord]
+    ) -> ClaimCheckpoint | RealisedClaim:
+        """Under the GPU locks: the completed entry when already prepared, else the realised claim."""
+        checkpoint = self._store.load()
+        existing = checkpoint.claims.get(ref.uid)
+        wanted = [(r.device_name, r.shares) for r in records]
+        if existing is not None and existing.state is ClaimState.PREPARE_COMPLETED:
+            if [(d.device_name, d.shares) for d in existing.devices] == wanted:
+                return existing
+            log.warning("claim was prepared for other devices; replacing them", uid=ref.uid, devices=wanted)
+        if existing is not None:
+            log.info("rolling back an earlier prepare of this claim before retrying it", uid=ref.uid)
+            self.rollback(existing)
+            checkpoint = self._store.load()
+        check_no_overlap(ref.uid, records, checkpoint.claims.values(), self._shared_limits(records))
+        owners = {
+            (d.gpu_index, d.gi_id): c.uid
+            for c in checkpoint.claims.values()
+            for d in c.devices
+            if d.gi_id is not None
+        }
+        for rec in records:
+            if rec.is_mig:
+                check_placement_free(self._ops, rec, owners)
+        started = ClaimCheckpoint(
+            ref.uid, view.namespace, view.name, ClaimState.PREPARE_STARTED, tuple(records)
+        )
+        self._store.put_claim(started)
+        try:
+            return self._realise(started)
+        except BaseException:
+            self._rollback_failed(started)
+            raise
+
+    def _rollback_failed(self, started: ClaimCheckpoint) -> None:
+        """Undo a prepare that failed; the caller holds the GPU locks and re-raises the failure."""
+        try:
+            # The stored entry holds the ids NVML returned; never look for "ours" by placement.
+            self.rollback(self._store.get_claim(started.uid) or started)
+        except (NvmlError, OSError) as exc:
+            log.error(
+                "rollback after a failed prepare failed; retried on the next attempt",
+                uid=started.uid,
+                error=str(exc),
+            )
+
+    def _realise(self, started: ClaimCheckpoint) -> RealisedClaim:
+        for index in sorted({d.gpu_index for d in started.devices if d.is_mig}):
+            self._migmode.ensure_for_mig(index)
+        for index in sorted({d.gpu_index for d in started.devices if not d.is_mig and not d.is_shared}):
+            self._migmode.ensure_for_whole(index)
+        for rec in started.devices:
+            if rec.is_shared:
+                check_shared_gpu(self._ops, rec)
+        shared, spec_edits = self._shared_edits(started)
+        devices: list[PreparedDeviceRecord] = []
+        cdi_devices: list[cdi.PreparedDevice] = []
+        for rec in started.devices:
+            minor = self._inventory_minor(rec)
+            if rec.is_shared:
+                cdi_devices.append(shared[rec.device_name])
+            elif rec.is_mig:
+                mig = realise_mig(
+                    self._ops, rec, self._crash, self._id_recorder(started.uid, rec.device_name)
+                )
+                rec = dataclasses.replace(rec, gi_id=mig.gi_id, ci_id=mig.ci_id, mig_uuid=mig.mig_uuid)
+                cdi_devices.append(
+                    cdi.PreparedMig(rec.device_name, rec.gpu_uuid, minor, mig.gi_id, mig.ci_id, mig.mig_uuid)
+                )
+            else:
+                cdi_devices.append(cdi.PreparedGpu(rec.device_name, rec.gpu_uuid, minor))
+            devices.append(
+                dataclasses.replace(
+                    rec, cdi_device_ids=(cdi.qualified_device_id(started.uid, rec.device_name),)
+                )
+            )
+        return RealisedClaim(started, tuple(devices), tuple(cdi_devices), spec_edits)
+
+    def _finish(self, made: RealisedClaim) -> ClaimCheckpoint:
+        """CDI spec and PrepareCompleted, without the GPU locks (the claim's lock is held)."""
+        started = made.started
+        try:
+            self._specs.write(started.uid, made.cdi_devices, made.spec_edits)
+            self._crash.reach("after-cdi-write")
+            completed = dataclasses.replace(started, state=ClaimState.PREPARE_COMPLETED, devices=made.devices)
+            self._crash.reach("before-checkpoint-commit")
+            self._store.put_claim(completed)
+            self._crash.reach("after-checkpoint-commit")
+        except BaseException:
+            with self.gpu_locks([d.gpu_index for d in started.devices]):
+                self._rollback_failed(started)
+            raise
+        log.info(
+            "claim prepared",
+            claim=f"{started.namespace}/{started.name}",
+            uid=started.uid,
+            devices=[(d.device_name, d.mig_uuid) for d in made.devices],
+        )
+        return completed
+
+    def _id_recorder(self, uid: str, device_name: str) -> Callable[..., object]:
+        def record(**ids: int) -> object:
+            return self._store.update_device(uid, device_name, **ids)
+
+        return record
+
+    def _shared_limits(self, records: list[PreparedDeviceRecord]) -> dict[int, SharedLimits]:
+        limits: dict[int, SharedLimits] = {}
+        for rec in records:
+            nd = self._inventory.get(rec.device_name)
+            if rec.is_shared and nd is not None:
+                limits[rec.gpu_index] = SharedLimits(self._split_count, nd.gpu.memory_total_mib)
+        return limits
+
+    def _shared_edits(
+        self, started: ClaimCheckpoint
+    ) -> tuple[dict[str, cdi.PreparedShared], dict[str, object] | None]:
+        records = [d for d in started.devices if d.is_shared]
+        if not records:
+            return {}, None
+        if self._hami_core is None:
+            raise ClaimError("shared GPUs are only prepared on hami-core nodes")
+        minors = {r.device_name: self._inventory_minor(r) for r in records}
+        devices, limits = shared_cdi_devices(records, minors)
+        return devices, self._hami_core.claim_edits(started.uid, limits)
+
+    def _inventory_minor(self, rec: PreparedDeviceRecord) -> int:
+        nd = self._inventory.get(rec.device_name)
+        if nd is None:  # only for entries adopted from an older checkpoint
+            raise ClaimError(f"device {rec.device_name} is no longer published by this node")
+        return nd.gpu.minor_number
+
+    # -- rollback / unprepare ---------------------------------------------------------------------------
+
+    def rollback(self, entry: ClaimCheckpoint, *, by_placement: bool = False) -> int:
+        """Undo a PrepareStarted entry (or destroy a completed one): instances, CDI spec, entry.
+
+        Returns how many GPU instances were destroyed. Raises NvmlError (e.g. IN_USE) with the entry
+        left in place, so a later attempt finishes it. Callers hold the locks of the entry's GPUs (or
+        run before the servers start). Instances are found by the ids recorded at creation;
+        `by_placement` is only for the startup reconcile of a prepare a crash interrupted (destroy_mig).
+        """
+        touched = sorted({d.gpu_index for d in entry.devices if d.is_mig})
+        destroyed = 0
+        for rec in entry.devices:
+            if rec.is_mig and destroy_mig(self._ops, rec, self._crash, by_placement=by_placement):
+                destroyed += 1
+                log.info(
+                    "destroyed MIG instance",
+                    uid=entry.uid,
+                    device=rec.device_name,
+                    gi=rec.gi_id,
+                    ci=rec.ci_id,
+                )
+        self._crash.reach("before-checkpoint-remove")
+        cdi.remove_spec(self._cdi_dir, entry.uid)
+        if self._hami_core is not None and any(d.is_shared for d in entry.devices):
+            self._hami_core.release(entry.uid)
+        self._store.remove_claim(entry.uid)
+        self._status.forget_claim(entry.uid)
+        for index in touched:
+            self._migmode.release(index)
+        return destroyed
+
+    def _unprepare_timed(self, ref: ClaimRef) -> str | None:
+        start = time.monotonic()
+        error: str | None = None
+        try:
+            with self.locks.working_on(ref.uid):
+                self._unprepare_one(ref)
+        except (ClaimError, NvmlError, OSError) as exc:
+            log.error(
+                "unprepare failed", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid, error=_describe(exc)
+            )
+            error = f"flexmig: unprepare {ref.namespace}/{ref.name}: {_describe(exc)}"
+        except Exception as exc:
+            log.exception("unprepare failed unexpectedly", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid)
+            error = f"flexmig: unprepare {ref.namespace}/{ref.name}: {type(exc).__name__}: {exc}"
+        self._metrics.unprepare_seconds.labels(result="error" if error else "ok").observe(
+            time.monotonic() - start
+        )
+        self.update_checkpoint_metrics()
+        return error
+
+    def _unprepare_one(self, ref: ClaimRef) -> None:
+        entry = self._store.get_claim(ref.uid)
+        if entry is None:
+            return  # never prepared here, or already unprepared: success either way
+        with self.gpu_locks([d.gpu_index for d in entry.devices]):
+            entry = self._store.get_claim(ref.uid)
+            if entry is None:
+                return
+            self.rollback(entry)
+        log.info("claim unprepared", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid)
+
+    def update_checkpoint_metrics(self) -> None:
+        counts = {s.value: 0 for s in ClaimState}
+        claims = list(self._store.load().claims.values())
+        for claim in claims:
+            counts[claim.state.value] += 1
+        self._metrics.set_checkpoint_counts(counts)
+        self._metrics.set_shared_usage(shared_usage(claims))

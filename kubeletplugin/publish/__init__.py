@@ -1,0 +1,1 @@
+"""This node's ResourceSlices: what is built, validated, withdrawn and published."""

@@ -1,0 +1,1 @@
+"""Every HAMi-core shared-GPU rule of the node: the published shared device, shares, HAMi-core prepare."""
