@@ -1,6 +1,6 @@
 """The published device contract: what a node writes into its ResourceSlices and the controller reads.
 
-The node agent builds the devices (kubeletplugin/publish/slices.py, kubeletplugin/shared/device.py); the
+The node agent builds the devices (kubeletplugin/publish/gpudevices.py, kubeletplugin/shared/device.py); the
 controller rebuilds its GPUs from them (controller/state/inventory.py, controller/shared/capacity.py) and writes
 CEL selectors and constraints against them (controller/shim/templates.py). Both sides take every
 attribute, capacity and counter name from here, so a rename is one edit and cannot leave the two

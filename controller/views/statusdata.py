@@ -12,7 +12,7 @@ from typing import Any
 
 from controller.shared.view import ShareHolding
 from controller.state.inventory import Inventory
-from controller.views.statusview import Allocations, gpu_view
+from controller.views.statusmodel import Allocations, gpu_view
 
 
 def _holder(holder: Any) -> dict[str, Any]:

@@ -2,25 +2,27 @@
 
 It drives a pynvml-like library object — the real `pynvml` module or the simulator's
 `SimulatedNvmlLibrary` — through exactly the same calls and ctypes conventions, and turns the results
-into the value types of `driver.nvml.types`. Every `NVMLError` becomes `NvmlError(function, code)`.
+into the value types of `driver.nvml.types` (the pure conversions are driver/nvml/decode.py). Every
+`NVMLError` becomes `NvmlError(function, code)`. Health events come from the event set of
+driver/nvml/healthevents.py.
 """
 
 from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
+from driver.nvml import decode
+from driver.nvml.decode import CiProfile
+from driver.nvml.healthevents import HealthEventWatch
 from driver.nvml.types import (
-    Architecture,
     ComputeInstance,
     GiProfileInfo,
     GpuInfo,
     GpuInstance,
     HealthEvent,
-    HealthEventKind,
     MigDevice,
     MigMode,
     NvmlError,
@@ -30,16 +32,6 @@ from driver.nvml.types import (
 
 _SKIP_PROFILE = (NvmlErrorCode.NOT_SUPPORTED, NvmlErrorCode.INVALID_ARGUMENT)
 _EMPTY_MIG_INDEX = (NvmlErrorCode.NOT_FOUND, NvmlErrorCode.INVALID_ARGUMENT)
-_ID_ANY = 0xFFFFFFFF
-_MAX_EVENTS_PER_WAIT = 64
-
-
-@dataclass(frozen=True, slots=True)
-class _CiProfile:
-    profile_id: int
-    slice_count: int
-    instance_count: int
-    multiprocessors: int
 
 
 class Nvml:
@@ -51,9 +43,8 @@ class Nvml:
         self._profiles: dict[int, list[GiProfileInfo]] = {}
         # CI profile facts are fixed per (GPU, GI profile); querying all of them costs one NVML call
         # per CI profile, on every CI create, so they are read once.
-        self._ci_profile_cache: dict[tuple[int, int], list[_CiProfile]] = {}
-        self._event_set: Any = None
-        self._registered: dict[int, int] = {}  # device handle address -> GPU index
+        self._ci_profile_cache: dict[tuple[int, int], list[CiProfile]] = {}
+        self._health = HealthEventWatch(lib, self._call)
 
     # -- plumbing -----------------------------------------------------------------------------------
 
@@ -70,25 +61,16 @@ class Nvml:
     def _gi_handle(self, index: int, gi_id: int) -> Any:
         return self._call("nvmlDeviceGetGpuInstanceById", self._handle(index), gi_id)
 
-    @staticmethod
-    def _address(handle: Any) -> int:
-        return ctypes.cast(handle, ctypes.c_void_p).value or 0
-
     # -- lifetime -----------------------------------------------------------------------------------
 
     def init(self) -> None:
         self._call("nvmlInit")
 
     def shutdown(self) -> None:
-        if self._event_set is not None:
-            event_set, self._event_set = self._event_set, None
-            self._registered.clear()
-            try:
-                self._call("nvmlEventSetFree", event_set)
-            finally:
-                self._call("nvmlShutdown")
-            return
-        self._call("nvmlShutdown")
+        try:
+            self._health.close()
+        finally:
+            self._call("nvmlShutdown")
 
     def __enter__(self) -> Nvml:
         self.init()
@@ -119,7 +101,7 @@ class Nvml:
             uuid=str(self._call("nvmlDeviceGetUUID", h)),
             name=str(self._call("nvmlDeviceGetName", h)),
             memory_total_mib=int(memory.total) // (1024 * 1024),
-            architecture=self._architecture(arch_code),
+            architecture=decode.architecture(self._lib, arch_code),
             pci_device_id=int(pci.pciDeviceId) >> 16,  # pciDeviceId = device id << 16 | vendor id
             minor_number=int(self._call("nvmlDeviceGetMinorNumber", h)),
             mig_capable=self._mig_mode_or_none(h) is not None,
@@ -127,14 +109,6 @@ class Nvml:
 
     def gpus(self) -> list[GpuInfo]:
         return [self.gpu(i) for i in range(self.device_count())]
-
-    def _architecture(self, code: int) -> Architecture:
-        names = {
-            getattr(self._lib, "NVML_DEVICE_ARCH_AMPERE", None): Architecture.AMPERE,
-            getattr(self._lib, "NVML_DEVICE_ARCH_HOPPER", None): Architecture.HOPPER,
-            getattr(self._lib, "NVML_DEVICE_ARCH_BLACKWELL", None): Architecture.BLACKWELL,
-        }
-        return names.get(code, Architecture.UNKNOWN)
 
     # -- MIG mode -------------------------------------------------------------------------------------
 
@@ -184,30 +158,10 @@ class Nvml:
                     continue
                 raise
             placements = self._placements(h, int(info.id))
-            profiles.append(self._profile_info(enum_index, info, placements))
+            profiles.append(decode.gi_profile_info(enum_index, info, placements))
         if profiles:  # an empty answer may only mean MIG is off; ask again next time
             self._profiles[index] = profiles
         return list(profiles)
-
-    @staticmethod
-    def _profile_info(enum_index: int, info: Any, placements: tuple[Placement, ...]) -> GiProfileInfo:
-        name = info.name
-        return GiProfileInfo(
-            enum_index=enum_index,
-            profile_id=int(info.id),
-            compute_slices=int(info.sliceCount),
-            memory_slices=placements[0].size if placements else 0,
-            instance_count=int(info.instanceCount),
-            memory_mib=int(info.memorySizeMB),
-            multiprocessors=int(info.multiprocessorCount),
-            copy_engines=int(info.copyEngineCount),
-            decoders=int(info.decoderCount),
-            encoders=int(info.encoderCount),
-            jpegs=int(info.jpegCount),
-            ofas=int(info.ofaCount),
-            placements=placements,
-            nvml_name=name.decode() if isinstance(name, bytes) else str(name),
-        )
 
     def gi_profile_by_id(self, index: int, profile_id: int) -> GiProfileInfo:
         for profile in self.gi_profiles(index):
@@ -223,11 +177,7 @@ class Nvml:
     # -- GPU instances ----------------------------------------------------------------------------------
 
     def _gi_value(self, index: int, gi_handle: Any) -> GpuInstance:
-        info = self._call("nvmlGpuInstanceGetInfo", gi_handle)
-        placement = Placement(int(info.placement.start), int(info.placement.size))
-        return GpuInstance(
-            gpu_index=index, gi_id=int(info.id), profile_id=int(info.profileId), placement=placement
-        )
+        return decode.gpu_instance(index, self._call("nvmlGpuInstanceGetInfo", gi_handle))
 
     def create_gpu_instance(self, index: int, profile_id: int, start: int) -> GpuInstance:
         """Create a GI of `profile_id` at memory slice `start` (always with an explicit placement)."""
@@ -267,15 +217,12 @@ class Nvml:
 
     # -- compute instances ------------------------------------------------------------------------------
 
-    def _ci_profiles_for(self, index: int, gi_handle: Any) -> list[_CiProfile]:
+    def _ci_profiles_for(self, index: int, gi_handle: Any) -> list[CiProfile]:
         gi_profile_id = int(self._call("nvmlGpuInstanceGetInfo", gi_handle).profileId)
         key = (index, gi_profile_id)
         cached = self._ci_profile_cache.get(key)
         if cached is None:
-            cached = [
-                _CiProfile(int(p.id), int(p.sliceCount), int(p.instanceCount), int(p.multiprocessorCount))
-                for p in self._ci_profiles(gi_handle)
-            ]
+            cached = [decode.ci_profile(p) for p in self._ci_profiles(gi_handle)]
             self._ci_profile_cache[key] = cached
         return cached
 
@@ -294,43 +241,15 @@ class Nvml:
                     raise
         return found
 
-    @staticmethod
-    def _ci_value(index: int, gi_id: int, info: Any) -> ComputeInstance:
-        return ComputeInstance(
-            gpu_index=index,
-            gi_id=gi_id,
-            ci_id=int(info.id),
-            profile_id=int(info.profileId),
-            compute_start=int(info.placement.start),
-            compute_size=int(info.placement.size),
-        )
-
-    @staticmethod
-    def full_ci_profile(candidates: list[_CiProfile], gi_profile: GiProfileInfo) -> _CiProfile | None:
-        """The CI profile NVML reports as spanning the whole GI.
-
-        Its slice count equals the GI's. More than one can: inside a 1g double-memory GI on Hopper
-        (1g.20gb, 1g.24gb) NVML reports the plain 1-slice profile 0 and profile 7 (1_SLICE_REV1), and
-        7 is the default, the one holding all of the GI's SMs. So prefer the profile whose SM count is
-        the GI's, then the most SMs, then the higher id (the variant over the plain profile).
-        """
-        full = [p for p in candidates if p.slice_count == gi_profile.compute_slices]
-        if not full:
-            return None
-        return max(
-            full,
-            key=lambda p: (p.multiprocessors == gi_profile.multiprocessors, p.multiprocessors, p.profile_id),
-        )
-
     def create_compute_instance(self, index: int, gi_id: int) -> ComputeInstance:
-        """Create the CI that spans the whole GI `gi_id` (see `full_ci_profile`)."""
+        """Create the CI that spans the whole GI `gi_id` (see `decode.full_ci_profile`)."""
         gi = self._gi_handle(index, gi_id)
         gi_profile = self.gi_profile_by_id(index, int(self._call("nvmlGpuInstanceGetInfo", gi).profileId))
-        full = self.full_ci_profile(self._ci_profiles_for(index, gi), gi_profile)
+        full = decode.full_ci_profile(self._ci_profiles_for(index, gi), gi_profile)
         if full is None:
             raise NvmlError("nvmlGpuInstanceGetComputeInstanceProfileInfo", NvmlErrorCode.NOT_SUPPORTED)
         ci = self._call("nvmlGpuInstanceCreateComputeInstance", gi, full.profile_id)
-        return self._ci_value(index, gi_id, self._call("nvmlComputeInstanceGetInfo", ci))
+        return decode.compute_instance(index, gi_id, self._call("nvmlComputeInstanceGetInfo", ci))
 
     def compute_instances(self, index: int, gi_id: int) -> list[ComputeInstance]:
         gi = self._gi_handle(index, gi_id)
@@ -342,9 +261,8 @@ class Nvml:
                 "nvmlGpuInstanceGetComputeInstances", gi, profile.profile_id, buffer, ctypes.byref(count)
             )
             for i in range(count.value):
-                found.append(
-                    self._ci_value(index, gi_id, self._call("nvmlComputeInstanceGetInfo", buffer[i]))
-                )
+                info = self._call("nvmlComputeInstanceGetInfo", buffer[i])
+                found.append(decode.compute_instance(index, gi_id, info))
         return sorted(found, key=lambda ci: ci.ci_id)
 
     def destroy_compute_instance(self, index: int, gi_id: int, ci_id: int) -> None:
@@ -395,59 +313,6 @@ class Nvml:
 
     # -- health -----------------------------------------------------------------------------------------
 
-    def _ensure_event_registration(self) -> None:
-        if self._event_set is None:
-            self._event_set = self._call("nvmlEventSetCreate")
-        xid = int(self._lib.nvmlEventTypeXidCriticalError)
-        wanted = xid | int(self._lib.nvmlEventTypeDoubleBitEccError)
-        for index in range(self.device_count()):
-            h = self._handle(index)
-            if self._address(h) in self._registered:
-                continue
-            try:
-                self._call("nvmlDeviceRegisterEvents", h, wanted, self._event_set)
-            except NvmlError as exc:
-                if exc.code is not NvmlErrorCode.NOT_SUPPORTED:
-                    raise
-                # Some boards lack ECC events; XIDs alone are still worth watching.
-                self._call("nvmlDeviceRegisterEvents", h, xid, self._event_set)
-            self._registered[self._address(h)] = index
-
     def wait_health_events(self, timeout_ms: int) -> list[HealthEvent]:
         """Wait up to `timeout_ms` for XID / double-bit ECC events; returns [] on timeout."""
-        self._ensure_event_registration()
-        events: list[HealthEvent] = []
-        wait_ms = timeout_ms
-        while len(events) < _MAX_EVENTS_PER_WAIT:
-            try:
-                data = self._call("nvmlEventSetWait_v2", self._event_set, wait_ms)
-            except NvmlError as exc:
-                if exc.code is NvmlErrorCode.TIMEOUT:
-                    break
-                raise
-            event = self._health_event(data)
-            if event is not None:
-                events.append(event)
-            wait_ms = 0  # drain whatever else is already queued, without waiting again
-        return events
-
-    def _health_event(self, data: Any) -> HealthEvent | None:
-        index = self._registered.get(self._address(data.device))
-        if index is None:
-            return None
-        event_type = int(data.eventType)
-        if event_type & int(self._lib.nvmlEventTypeXidCriticalError):
-            kind, xid = HealthEventKind.XID, int(data.eventData)
-        elif event_type & int(self._lib.nvmlEventTypeDoubleBitEccError):
-            kind, xid = HealthEventKind.ECC_DOUBLE_BIT, 0
-        else:
-            return None
-        gi = int(data.gpuInstanceId)
-        ci = int(data.computeInstanceId)
-        return HealthEvent(
-            gpu_index=index,
-            kind=kind,
-            xid=xid,
-            gi_id=None if gi == _ID_ANY else gi,
-            ci_id=None if ci == _ID_ANY else ci,
-        )
+        return self._health.wait(timeout_ms)

@@ -1,10 +1,10 @@
 """`flexmig status`: every GPU's slice map, drawn from the API: who holds which placement, what still fits.
 
 One-shot: lists the driver's ResourceSlices and every ResourceClaim once (raw JSON, paged), and the
-Pods too when some allocated claim does not name its pod itself, then renders them with
-controller/views/statusview.py. Credentials come from `--kubeconfig`, else $KUBECONFIG, else ~/.kube/config,
-else the in-cluster service account. Any failure to reach or read the API is one line on stderr naming
-the problem, and exit status 2.
+Pods too when some allocated claim does not name its pod itself, reads who holds what with
+controller/views/statusmodel.py and renders it with controller/views/statusview.py. Credentials come
+from `--kubeconfig`, else $KUBECONFIG, else ~/.kube/config, else the in-cluster service account. Any
+failure to reach or read the API is one line on stderr naming the problem, and exit status 2.
 """
 
 from __future__ import annotations
@@ -125,7 +125,8 @@ def list_all(api: Any, path: str, timeout_s: float, field_selector: str = "") ->
 
 def run(args: argparse.Namespace) -> int:
     from controller.state.inventory import Inventory
-    from controller.views.statusview import collect_allocations, render
+    from controller.views.statusmodel import collect_allocations
+    from controller.views.statusview import render
 
     try:
         api = api_client(args.kubeconfig, args.context)

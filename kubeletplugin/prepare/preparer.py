@@ -16,8 +16,10 @@ Per claim, prepare is (docs/architecture.md, the prepare step of a pod's path):
   -> claim status.devices + the pods' HAMi mirror (outside the GPU locks; a failure is this claim's
      error and the retry re-attempts just the write).
 
-A HAMi-core shared GPU (`gpu-<i>-shared`, hami-core nodes) creates nothing through NVML and never
-touches MIG mode: see kubeletplugin/shared/prepare.py.
+MIG mode, the instances and their rollback are kubeletplugin/prepare/realiser.py's; this module holds
+the claim's flow, locks, checkpoint states and what kubelet is told. A HAMi-core shared GPU
+(`gpu-<i>-shared`, hami-core nodes) creates nothing through NVML and never touches MIG mode: see
+kubeletplugin/shared/prepare.py.
 
 Nothing is serialised node-wide: claims on different GPUs run in parallel (within one call and across
 calls), each GPU admits one claim at a time, and the checkpoint writes of all claims in flight share
@@ -30,14 +32,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import structlog
 from kubernetes.client.exceptions import ApiException
 
-from driver import cdi
 from driver.nvml.types import NvmlError
 from kubeletplugin.agent.crashpoints import Crashpoints
 from kubeletplugin.agent.metrics import NodeMetrics
@@ -51,27 +52,21 @@ from kubeletplugin.prepare.claimlocks import ClaimLocks
 from kubeletplugin.prepare.claimrecords import UnknownDevices, records_for
 from kubeletplugin.prepare.migmode import MigModeError, MigModeManager
 from kubeletplugin.prepare.nvmlops import NvmlOps
-from kubeletplugin.prepare.overlap import DeviceOverlap, SharedLimits, check_no_overlap
+from kubeletplugin.prepare.overlap import DeviceOverlap, check_no_overlap
+from kubeletplugin.prepare.realiser import ClaimError, ClaimRealiser
 from kubeletplugin.prepare.steps import (
     PlacementBusy,
     RealisedClaim,
     SharedGpuUnavailable,
     check_placement_free,
-    check_shared_gpu,
-    destroy_mig,
-    realise_mig,
 )
 from kubeletplugin.publish.inventory import Inventory
 from kubeletplugin.shared.hamicore import HamiCoreSupport
-from kubeletplugin.shared.prepare import shared_cdi_devices, shared_usage
+from kubeletplugin.shared.prepare import shared_usage
 
 log = structlog.get_logger(__name__)
 
 _MAX_PARALLEL_CLAIMS = 8
-
-
-class ClaimError(Exception):
-    """A claim cannot be prepared/unprepared; the message is what kubelet shows in the pod's events."""
 
 
 # What fails one claim's prepare with a message of its own (anything else is logged with a traceback).
@@ -106,20 +101,26 @@ class Preparer:
     ) -> None:
         self._node = node_name
         self._ops = ops
-        self._migmode = migmode
         self._inventory = inventory
         self._store = store
         self._api = api
         self._status = status
         self._metrics = metrics
-        self._cdi_dir = cdi_dir
-        self._mig_minors = mig_minors
         self._specs = specs or ClaimSpecWriter(
             cdi_dir, mig_minors
         )  # host-aware one from kubeletplugin/agent/main.py
         self._crash = crash
-        self._hami_core = hami_core
-        self._split_count = shared_split_count
+        self._realiser = ClaimRealiser(
+            ops=ops,
+            migmode=migmode,
+            inventory=inventory,
+            store=store,
+            status=status,
+            cdi_dir=cdi_dir,
+            crash=crash,
+            hami_core=hami_core,
+            shared_split_count=shared_split_count,
+        )
         self.locks = ClaimLocks()
         self._pool = ThreadPoolExecutor(max_workers=_MAX_PARALLEL_CLAIMS, thread_name_prefix="flexmig-claim")
 
@@ -221,7 +222,7 @@ class Preparer:
             log.info("rolling back an earlier prepare of this claim before retrying it", uid=ref.uid)
             self.rollback(existing)
             checkpoint = self._store.load()
-        check_no_overlap(ref.uid, records, checkpoint.claims.values(), self._shared_limits(records))
+        check_no_overlap(ref.uid, records, checkpoint.claims.values(), self._realiser.shared_limits(records))
         owners = {
             (d.gpu_index, d.gi_id): c.uid
             for c in checkpoint.claims.values()
@@ -236,7 +237,7 @@ class Preparer:
         )
         self._store.put_claim(started)
         try:
-            return self._realise(started)
+            return self._realiser.realise(started)
         except BaseException:
             self._rollback_failed(started)
             raise
@@ -252,38 +253,6 @@ class Preparer:
                 uid=started.uid,
                 error=str(exc),
             )
-
-    def _realise(self, started: ClaimCheckpoint) -> RealisedClaim:
-        for index in sorted({d.gpu_index for d in started.devices if d.is_mig}):
-            self._migmode.ensure_for_mig(index)
-        for index in sorted({d.gpu_index for d in started.devices if not d.is_mig and not d.is_shared}):
-            self._migmode.ensure_for_whole(index)
-        for rec in started.devices:
-            if rec.is_shared:
-                check_shared_gpu(self._ops, rec)
-        shared, spec_edits = self._shared_edits(started)
-        devices: list[PreparedDeviceRecord] = []
-        cdi_devices: list[cdi.PreparedDevice] = []
-        for rec in started.devices:
-            minor = self._inventory_minor(rec)
-            if rec.is_shared:
-                cdi_devices.append(shared[rec.device_name])
-            elif rec.is_mig:
-                mig = realise_mig(
-                    self._ops, rec, self._crash, self._id_recorder(started.uid, rec.device_name)
-                )
-                rec = dataclasses.replace(rec, gi_id=mig.gi_id, ci_id=mig.ci_id, mig_uuid=mig.mig_uuid)
-                cdi_devices.append(
-                    cdi.PreparedMig(rec.device_name, rec.gpu_uuid, minor, mig.gi_id, mig.ci_id, mig.mig_uuid)
-                )
-            else:
-                cdi_devices.append(cdi.PreparedGpu(rec.device_name, rec.gpu_uuid, minor))
-            devices.append(
-                dataclasses.replace(
-                    rec, cdi_device_ids=(cdi.qualified_device_id(started.uid, rec.device_name),)
-                )
-            )
-        return RealisedClaim(started, tuple(devices), tuple(cdi_devices), spec_edits)
 
     def _finish(self, made: RealisedClaim) -> ClaimCheckpoint:
         """CDI spec and PrepareCompleted, without the GPU locks (the claim's lock is held)."""
@@ -307,69 +276,14 @@ class Preparer:
         )
         return completed
 
-    def _id_recorder(self, uid: str, device_name: str) -> Callable[..., object]:
-        def record(**ids: int) -> object:
-            return self._store.update_device(uid, device_name, **ids)
-
-        return record
-
-    def _shared_limits(self, records: list[PreparedDeviceRecord]) -> dict[int, SharedLimits]:
-        limits: dict[int, SharedLimits] = {}
-        for rec in records:
-            nd = self._inventory.get(rec.device_name)
-            if rec.is_shared and nd is not None:
-                limits[rec.gpu_index] = SharedLimits(self._split_count, nd.gpu.memory_total_mib)
-        return limits
-
-    def _shared_edits(
-        self, started: ClaimCheckpoint
-    ) -> tuple[dict[str, cdi.PreparedShared], dict[str, object] | None]:
-        records = [d for d in started.devices if d.is_shared]
-        if not records:
-            return {}, None
-        if self._hami_core is None:
-            raise ClaimError("shared GPUs are only prepared on hami-core nodes")
-        minors = {r.device_name: self._inventory_minor(r) for r in records}
-        devices, limits = shared_cdi_devices(records, minors)
-        return devices, self._hami_core.claim_edits(started.uid, limits)
-
-    def _inventory_minor(self, rec: PreparedDeviceRecord) -> int:
-        nd = self._inventory.get(rec.device_name)
-        if nd is None:  # only for entries adopted from an older checkpoint
-            raise ClaimError(f"device {rec.device_name} is no longer published by this node")
-        return nd.gpu.minor_number
-
     # -- rollback / unprepare ---------------------------------------------------------------------------
 
     def rollback(self, entry: ClaimCheckpoint, *, by_placement: bool = False) -> int:
-        """Undo a PrepareStarted entry (or destroy a completed one): instances, CDI spec, entry.
+        """Undo an entry and return how many GPU instances were destroyed (`ClaimRealiser.rollback`).
 
-        Returns how many GPU instances were destroyed. Raises NvmlError (e.g. IN_USE) with the entry
-        left in place, so a later attempt finishes it. Callers hold the locks of the entry's GPUs (or
-        run before the servers start). Instances are found by the ids recorded at creation;
-        `by_placement` is only for the startup reconcile of a prepare a crash interrupted (destroy_mig).
+        Callers hold the locks of the entry's GPUs (or run before the servers start).
         """
-        touched = sorted({d.gpu_index for d in entry.devices if d.is_mig})
-        destroyed = 0
-        for rec in entry.devices:
-            if rec.is_mig and destroy_mig(self._ops, rec, self._crash, by_placement=by_placement):
-                destroyed += 1
-                log.info(
-                    "destroyed MIG instance",
-                    uid=entry.uid,
-                    device=rec.device_name,
-                    gi=rec.gi_id,
-                    ci=rec.ci_id,
-                )
-        self._crash.reach("before-checkpoint-remove")
-        cdi.remove_spec(self._cdi_dir, entry.uid)
-        if self._hami_core is not None and any(d.is_shared for d in entry.devices):
-            self._hami_core.release(entry.uid)
-        self._store.remove_claim(entry.uid)
-        self._status.forget_claim(entry.uid)
-        for index in touched:
-            self._migmode.release(index)
-        return destroyed
+        return self._realiser.rollback(entry, by_placement=by_placement)
 
     def _unprepare_timed(self, ref: ClaimRef) -> str | None:
         start = time.monotonic()

@@ -99,7 +99,7 @@ def test_template_defaults(helm_bin: Path, tmp_path: Path) -> None:
     )
     assert {d["metadata"]["annotations"]["helm.sh/hook"] for d in hooks} == {"test"}
 
-    # DeviceClasses select on the attribute the plugin publishes (kubeletplugin/publish/slices.py: type). The
+    # DeviceClasses select on the attribute the plugin publishes (kubeletplugin/publish/gpudevices.py: type). The
     # hami-core class is on by default: the shim's templates for pods without vgpu-mode reference it.
     classes = {d["metadata"]["name"]: d for d in by_kind(docs, "DeviceClass")}
     assert set(classes) == {f"mig.{DRIVER}", DRIVER, f"hami-core.{DRIVER}"}

@@ -12,7 +12,8 @@ from ctl_helpers import node_slices
 
 from api.constants import DRIVER_NAME
 from controller.state.inventory import Inventory
-from controller.views.statusview import CELL, UNKNOWN_POD, collect_allocations, render
+from controller.views.statusmodel import collect_allocations
+from controller.views.statusview import CELL, UNKNOWN_POD, render
 from flexmig.cli import main
 
 

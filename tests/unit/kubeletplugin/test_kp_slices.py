@@ -14,8 +14,9 @@ from driver.catalog.discover import discover_all
 from driver.catalog.types import GpuCatalog
 from driver.nvml.sim.hardware import SKUS, Sku
 from driver.nvml.types import GiProfileInfo, GpuInfo, Placement
+from kubeletplugin.publish.gpudevices import capacity_counter_totals
 from kubeletplugin.publish.slicelimits import is_dns_label, is_dns_subdomain, validate_pool
-from kubeletplugin.publish.slices import NodeSlices, build_node_slices, capacity_counter_totals
+from kubeletplugin.publish.slices import NodeSlices, build_node_slices
 from kubeletplugin.settings.nodeconfig import NodeConfig, OperatingMode
 
 NODE = "worker-a.example.internal"
