@@ -1,17 +1,22 @@
-"""Objects a kubelet would normally maintain, for e2e tests that run no kubelet.
+"""Objects a kubelet would normally maintain, for e2e tests that run no kubelet, and namespace hygiene.
 
 `create_ready_node` / `heartbeat_node` write what a registering kubelet writes (a Ready Node and its
-Lease); `create_namespace` waits for the default ServiceAccount that pods need; `model` turns a
-camelCase JSON body into a `kubernetes` client model.
+Lease); `create_namespace` waits for the default ServiceAccount that pods need, `delete_namespace`
+until the namespace is gone; `gated_pods` lists the pods a flexmig controller would pick up and
+`wait_no_gated_pods` waits until another test's are gone; `model` turns a camelCase JSON body into a
+`kubernetes` client model.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, TypeVar
 
-from .cluster import wait_until
+from api.constants import ALLOCATION_GATE
+from controller.kube.rest import request
+
+from .cluster import ControlPlaneError, wait_until
 
 M = TypeVar("M")
 
@@ -106,3 +111,58 @@ def create_namespace(api: Any, name: str, timeout_s: float = 60.0) -> None:
         timeout_s,
         f"serviceaccount {name}/default",
     )
+
+
+def delete_namespace(api: Any, name: str, timeout_s: float = 60.0) -> None:
+    """Delete a namespace and wait until it is gone, so that nothing in it outlives the test."""
+    from kubernetes import client as k8s
+    from kubernetes.client.exceptions import ApiException
+
+    core = k8s.CoreV1Api(api)
+
+    def gone() -> bool:
+        try:
+            core.read_namespace(name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return True
+            raise
+        return False
+
+    try:
+        core.delete_namespace(name)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+    wait_until(gone, timeout_s, f"namespace {name} to be deleted")
+
+
+def gated_pods(api: Any, skip_namespaces: Collection[str] = ()) -> list[str]:
+    """`namespace/name` of every pod that still carries flexmig's allocation gate and is not being
+    deleted, outside `skip_namespaces`: the pods any flexmig controller that starts now would place on
+    whatever nodes it sees."""
+    items: list[dict[str, Any]] = request(api, "GET", "/api/v1/pods")["items"]
+    found = []
+    for pod in items:
+        meta = pod["metadata"]
+        gates = (pod.get("spec") or {}).get("schedulingGates") or ()
+        if (
+            meta["namespace"] not in skip_namespaces
+            and not meta.get("deletionTimestamp")
+            and any(g.get("name") == ALLOCATION_GATE for g in gates)
+        ):
+            found.append(f"{meta['namespace']}/{meta['name']}")
+    return found
+
+
+def wait_no_gated_pods(api: Any, skip_namespaces: Collection[str], timeout_s: float = 60.0) -> None:
+    """Wait until no pod outside `skip_namespaces` waits for a flexmig controller (`gated_pods`); fail
+    naming them if some remain. A namespace another test is deleting gets `timeout_s` to go."""
+    try:
+        wait_until(lambda: not gated_pods(api, skip_namespaces), timeout_s, "other tests' gated pods to go")
+    except ControlPlaneError:
+        left = gated_pods(api, skip_namespaces)
+        assert not left, (
+            f"pods gated for flexmig that an earlier test left behind: {left}; a controller started now "
+            "would place them on this test's nodes (delete the namespace at the end of that test)"
+        )

@@ -44,7 +44,7 @@ from driver.nvml.sim import SimGpuSpec
 
 from .chart_workloads import ChartNodeDir, ControllerProcess, Workload, token_kubeconfig, workload
 from .cluster import ControlPlane, free_port, wait_until
-from .k8sobjects import create_namespace
+from .k8sobjects import create_namespace, wait_no_gated_pods
 from .kubelet_standin import KubeletStandIn
 from .plugin_harness import REPO, PluginProcess, instances, scrape, wait_slices
 
@@ -248,6 +248,8 @@ class Scenario:
         assert self.controller is None or self.controller.proc.poll() is not None, (
             "controller already running"
         )
+        # The controller places every gated pod it sees: another test's leftover would land on our nodes.
+        wait_no_gated_pods(self.api, {self.namespace, *self.test_namespaces})
         ctrl = self.workload("deployments", self.controller_sa, "controller", self.workdir / "config")
         identity = f"{self.controller_sa}-local"  # stable, so a restarted process keeps its Lease
         args = [a.replace("$(POD_NAME)", identity) for a in ctrl.args]

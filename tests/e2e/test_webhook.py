@@ -40,7 +40,7 @@ from controller.kube.rest import request as rest
 
 from .chart_workloads import ControllerProcess, token_kubeconfig, workload
 from .cluster import ControlPlane, free_port
-from .k8sobjects import create_namespace
+from .k8sobjects import create_namespace, delete_namespace
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deployments" / "helm" / "flexmig"
@@ -171,10 +171,14 @@ def ca_pem(installed: Installed) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def pods_ns(installed: Installed, ca_pem: bytes) -> str:
+def pods_ns(installed: Installed, ca_pem: bytes) -> Iterator[str]:
     namespace = f"wh-pods-{uuid.uuid4().hex[:6]}"
     create_namespace(installed.api, namespace)
-    return namespace
+    yield namespace
+    # Its pods stay gated (no node here ever places them). Left behind, the next controller that sees
+    # free capacity (a later scenario's, on the same control plane) would place them on its own nodes,
+    # and their GPU instances would appear in a test that never asked for them.
+    delete_namespace(installed.api, namespace)
 
 
 def gpu_pod(name: str, limits: dict[str, str], **extra_spec: Any) -> dict[str, Any]:
