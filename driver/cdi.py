@@ -28,16 +28,15 @@ Everything here is pure except `write_spec_atomically`, `remove_spec` and `read_
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from driver.atomicfile import fsync_dir, write_atomically
 from driver.cdi_host import DeviceNode, DeviceTable, DriverFiles
 
 CDI_VERSION = "0.6.0"
@@ -343,14 +342,6 @@ def build_claim_spec(
 # --- files -----------------------------------------------------------------------------------------
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_spec_atomically(cdi_dir: str | os.PathLike[str], claim_uid: str, spec: Mapping[str, Any]) -> Path:
     """Write the spec so a runtime reading the directory sees the old file, the new one, or none.
 
@@ -362,20 +353,8 @@ def write_spec_atomically(cdi_dir: str | os.PathLike[str], claim_uid: str, spec:
     target = directory / spec_file_name(claim_uid)
     directory.mkdir(parents=True, exist_ok=True)
     data = json.dumps(spec, indent=2, sort_keys=True).encode() + b"\n"
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp_name, 0o644)  # runtimes may read specs as a different user than the plugin
-        os.replace(tmp_name, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp_name)
-        raise
-    _fsync_dir(directory)
-    return target
+    # 0644: runtimes may read specs as a different user than the plugin.
+    return write_atomically(target, data, durable=True, mode=0o644)
 
 
 def remove_spec(cdi_dir: str | os.PathLike[str], claim_uid: str) -> bool:
@@ -385,5 +364,5 @@ def remove_spec(cdi_dir: str | os.PathLike[str], claim_uid: str) -> bool:
         (directory / spec_file_name(claim_uid)).unlink()
     except FileNotFoundError:
         return False
-    _fsync_dir(directory)
+    fsync_dir(directory)
     return True

@@ -29,11 +29,12 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from driver.atomicfile import write_atomically
 
 CONTAINER_LIBRARY = "/usr/local/vgpu/libvgpu.so"
 CONTAINER_PRELOAD = "/etc/ld.so.preload"
@@ -167,19 +168,9 @@ def write_preload_file(paths: HamiCorePaths) -> Path:
         if target.read_bytes() == preload_content():
             return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(preload_content())
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    return target
+    # The file is fsynced, its directory is not: a rename lost to a power loss is redone the next time
+    # the library check finds the file wrong (kubeletplugin/shared/hamicore.py).
+    return write_atomically(target, preload_content(), durable=True, sync_dir=False, mode=0o644)
 
 
 def prepare_claim_dirs(paths: HamiCorePaths, claim_uid: str) -> Path:

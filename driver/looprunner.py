@@ -17,6 +17,7 @@ API (stable):
                                # with interval_s=0 the loop then pauses until it is set
         stuck_after_s=120.0,   # unhealthy when one iteration runs this long without a heartbeat
         backoff_start_s=0.5, backoff_max_s=30.0,   # after a failure: start * 2**n, capped, with jitter
+                                                   # (driver/backoff.py)
         on_error=None,         # optional Callable[[Exception], None], e.g. a metric's inc()
         stop=None,             # optional shared threading.Event; set() stops the loop (within 0.5 s)
     )
@@ -45,6 +46,8 @@ from dataclasses import dataclass
 
 import structlog
 
+from driver.backoff import Backoff
+
 log = structlog.get_logger(__name__)
 
 BACKOFF_START_S = 0.5
@@ -61,13 +64,6 @@ class LoopHealth:
     failures: int
     consecutive_failures: int
     last_error: str
-
-
-def backoff_delay(attempt: int, start_s: float, max_s: float, rng: Callable[[], float]) -> float:
-    """Delay before retry `attempt` (1 = first retry): exponential, capped, +0..50 % jitter so that many
-    processes failing together (an API-server restart) do not retry in lockstep."""
-    base = min(start_s * 2.0 ** max(0, attempt - 1), max_s)
-    return base * (1 + rng() / 2)
 
 
 class LoopRunner:
@@ -98,12 +94,10 @@ class LoopRunner:
         self._wake = wake if wake is not None else threading.Event()
         self._wait_for_wake = wake is not None  # interval 0 with a wake event: pause until woken
         self._stuck_after_s = stuck_after_s
-        self._backoff_start_s = backoff_start_s
-        self._backoff_max_s = backoff_max_s
+        self._backoff = Backoff(backoff_start_s, backoff_max_s, rng=rng)
         self._on_error = on_error
         self._stop = stop if stop is not None else threading.Event()
         self._clock = clock
-        self._rng = rng
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._running = False  # inside run(), in whatever thread
@@ -154,11 +148,9 @@ class LoopRunner:
                     self._body()
                 except Exception as exc:
                     self._failed(exc)
-                    delay = backoff_delay(
-                        self.consecutive_failures, self._backoff_start_s, self._backoff_max_s, self._rng
-                    )
-                    self._pause_for_retry(delay)
+                    self._pause_for_retry(self._backoff.next_delay())
                     continue
+                self._backoff.reset()
                 with self._lock:
                     self.iterations += 1
                     self.consecutive_failures = 0
@@ -259,4 +251,4 @@ class LoopGroup:
             r.stop()
 
 
-__all__ = ["LoopGroup", "LoopHealth", "LoopRunner", "backoff_delay"]
+__all__ = ["LoopGroup", "LoopHealth", "LoopRunner"]

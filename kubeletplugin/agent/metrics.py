@@ -14,13 +14,12 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from api.buildinfo import HAMI_METRIC_ZONE, build_labels
-from driver.looprunner import LoopRunner
+from driver.httpserve import LOOP_NAME, ProbeServer
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -222,65 +221,21 @@ class NodeMetrics:
         return generate_latest(self.registry)
 
 
-class MetricsServer:
-    """Serves /metrics and the DaemonSet's liveness probe /healthz on one port.
+class MetricsServer(ProbeServer):
+    """Serves /metrics and the DaemonSet's liveness probe /healthz on one port (driver/httpserve.py).
 
-    The accept loop is a LoopRunner like every background loop of the plugin: each iteration serves
-    at most one connection (or times out after 0.5 s), so an exception is retried with backoff and a
-    wedged accept loop shows as stuck instead of silently ending the endpoint.
+    Its accept loop (`runner`) counts its failures in `flexmig_node_loop_errors_total`; the agent adds
+    it to the loops /healthz checks.
     """
 
     def __init__(
         self, metrics: NodeMetrics, host: str, port: int, healthy: Callable[[], tuple[bool, str]]
     ) -> None:
-        self._metrics = metrics
-        self._healthy = healthy
-        handler = self._make_handler()
-        self._server = ThreadingHTTPServer((host, port), handler)
-        self._server.daemon_threads = True
-        self._server.timeout = 0.5
-        self.runner = LoopRunner(
-            "metrics-http",
-            self._server.handle_request,
-            stuck_after_s=60.0,
-            on_error=lambda exc: metrics.loop_errors.labels(loop="metrics-http").inc(),
+        super().__init__(
+            host,
+            port,
+            metrics=metrics.render,
+            metrics_content_type=CONTENT_TYPE_LATEST,
+            healthy=healthy,
+            on_error=lambda exc: metrics.loop_errors.labels(loop=LOOP_NAME).inc(),
         )
-
-    @property
-    def port(self) -> int:
-        return int(self._server.server_address[1])
-
-    def start(self) -> None:
-        self.runner.start()
-
-    def stop(self) -> None:
-        self.runner.stop()
-        self.runner.join(5)
-        self._server.server_close()
-
-    def _make_handler(self) -> type[BaseHTTPRequestHandler]:
-        metrics = self._metrics
-        healthy = self._healthy
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                if self.path.split("?")[0] == "/metrics":
-                    self._reply(200, metrics.render(), CONTENT_TYPE_LATEST)
-                elif self.path.split("?")[0] in ("/healthz", "/livez"):
-                    ok, reason = healthy()
-                    self._reply(200 if ok else 503, reason.encode(), "text/plain; charset=utf-8")
-                else:
-                    self._reply(404, b"not found: try /metrics or /healthz\n", "text/plain; charset=utf-8")
-
-            def _reply(self, code: int, body: bytes, content_type: str) -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: object) -> None:
-                # Probes hit this every few seconds; access logs would drown the plugin's own logs.
-                return
-
-        return Handler

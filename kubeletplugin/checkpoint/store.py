@@ -8,8 +8,8 @@ boot ID is the one case where starting empty is right, because GPU and compute i
 a reboot.
 
 Writes go to a temp file in the same directory, are fsynced, renamed over the target and the directory
-is fsynced, so a crash leaves either the old or the new checkpoint (plus, at worst, a stray temp file
-that the next load removes).
+is fsynced (driver/atomicfile.py), so a crash leaves either the old or the new checkpoint (plus, at
+worst, a stray temp file that the next load removes).
 
 Group commit: claims on different GPUs are prepared in parallel and each makes several durable writes,
 so writes that arrive while one is being fsynced queue up and the next writer to run ("the leader")
@@ -27,7 +27,6 @@ import dataclasses
 import fcntl
 import json
 import os
-import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -35,6 +34,7 @@ from typing import Any, Generic, TypeVar
 
 import structlog
 
+from driver.atomicfile import write_atomically
 from kubeletplugin.checkpoint.model import (
     Checkpoint,
     CheckpointCorrupt,
@@ -161,23 +161,9 @@ class CheckpointStore:
     def _write_disk(self, cp: Checkpoint) -> _FileId:
         # Compact JSON: the C encoder is used only without indentation, and this runs per batch.
         data = json.dumps(checkpoint_to_json(cp), sort_keys=True).encode() + b"\n"
-        directory = self.path.parent
-        fd, tmp = tempfile.mkstemp(prefix=self._temp_prefix(), suffix=".tmp", dir=directory)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
-        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        # File and directory fsync: `update` promises a durable change when it returns. The temp name
+        # is the one `_remove_stale_temps` looks for.
+        write_atomically(self.path, data, durable=True, prefix=self._temp_prefix(), suffix=".tmp")
         return self._disk_id()
 
     # -- reading --

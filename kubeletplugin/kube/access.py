@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import structlog
 from kubernetes import client as k8s
 
+from driver.backoff import Backoff
 from kubeletplugin.kube.kubeapi import REQUEST_TIMEOUT
 
 log = structlog.get_logger(__name__)
@@ -111,12 +112,14 @@ def check_access(
     """Raise AccessDenied naming every missing permission, AccessUnknown when the API server does not
     answer within `wait_s` (any error is retried with backoff until then)."""
     deadline = clock() + wait_s
-    delay = 0.5
+    # 0.5 s doubling to 8 s, no jitter: one process asking its own API server, nothing to de-synchronise.
+    backoff = Backoff(0.5, 8.0, jitter=0.0)
     while True:
         try:
             missing = [p for p in required if not review(p)]
             break
         except Exception as exc:
+            delay = backoff.next_delay()
             if clock() + delay > deadline:
                 raise AccessUnknown(
                     f"cannot check the plugin's permissions: the API server did not answer for {wait_s:.0f} s"
@@ -124,7 +127,6 @@ def check_access(
                 ) from exc
             log.warning("cannot check permissions yet; retrying", error=str(exc), retry_in_s=delay)
             sleep(delay)
-            delay = min(delay * 2, 8.0)
     if missing:
         identity = f"identity {who!r}" if who else "the plugin's identity"
         lines = "; ".join(f"{p} ({p.why})" for p in missing)

@@ -15,7 +15,7 @@ the path missing.
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import os
 import stat
 from collections.abc import Iterable
@@ -23,6 +23,7 @@ from pathlib import Path
 
 import structlog
 
+from driver.atomicfile import replace_with
 from driver.cdi import cap_path
 from driver.cdi_host import CAPS_DEVICE_MODE, DeviceTable
 
@@ -53,13 +54,11 @@ def ensure_caps_nodes(table: DeviceTable, minors: Iterable[int]) -> list[Path]:
         if _is_node(path, rdev):
             continue
         path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        os.mknod(tmp, stat.S_IFCHR | CAPS_DEVICE_MODE, rdev)
-        os.chmod(tmp, CAPS_DEVICE_MODE)  # mknod's mode is filtered by the umask
         replaced = path.exists() or path.is_symlink()
-        os.replace(tmp, path)
+        # mknod's mode is filtered by the umask, hence `mode`. No directory fsync: /dev does not outlive
+        # a reboot anyway.
+        make = functools.partial(os.mknod, mode=stat.S_IFCHR | CAPS_DEVICE_MODE, device=rdev)
+        replace_with(path, make, mode=CAPS_DEVICE_MODE)
         log.info("created MIG capability node", path=str(path), major=major, minor=minor, replaced=replaced)
         created.append(path)
     return created

@@ -8,7 +8,8 @@ import threading
 import pytest
 import urllib3.exceptions
 
-from driver.looprunner import LoopGroup, LoopRunner, backoff_delay
+from driver.backoff import backoff_delay
+from driver.looprunner import LoopGroup, LoopRunner
 
 
 def _wait_for(cond: threading.Event, timeout_s: float = 10.0) -> None:

@@ -12,13 +12,14 @@ import contextlib
 import fcntl
 import json
 import os
-import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field, is_dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, ClassVar
+
+from driver.atomicfile import write_atomically
 
 SCHEMA_VERSION = 1
 
@@ -219,18 +220,9 @@ class StateFile:
         self._store_raw(state.to_json(), durable=durable)
 
     def _store_raw(self, raw: dict[str, Any], *, durable: bool) -> None:
-        fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(json.dumps(raw, indent=1, sort_keys=True))
-                f.flush()
-                if durable:
-                    os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+        # Never a directory fsync: the rename is what a killed process can observe (see `transaction`).
+        data = json.dumps(raw, indent=1, sort_keys=True).encode("utf-8")
+        write_atomically(self.path, data, durable=durable, sync_dir=False, prefix=self.path.name + ".")
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[SimState]:
