@@ -34,6 +34,7 @@ from controller.claims.requests import CandidateIndex
 from controller.state.inventory import Inventory
 from controller.state.ledger import Ledger
 from driver.policy.allocator import FirstFitPolicy, PackingPolicy
+from driver.policy.placer import Placer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "unit" / "controller"))
 from ctl_helpers import CLASSES, claim, node_slices
@@ -86,7 +87,7 @@ def run(nodes: int, pods: int, policy: str, seed: int, fill: float, hami_core: b
     d, setup_s = build(nodes, hami_core)
     classes = SHARED_CLASSES if hami_core else CLASSES
     if policy == "first-fit":
-        d.policy = FirstFitPolicy()
+        d.placer = Placer(FirstFitPolicy())
     capacity_gpus = nodes * 8
     live: list[str] = []
     latencies: list[float] = []

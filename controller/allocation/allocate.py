@@ -24,7 +24,9 @@ from kubernetes.client.exceptions import ApiException
 
 from api.constants import ANNOTATION_MIG_ALLOCATIONS
 from controller.allocation.decide import ClaimAllocation, ControllerReason, Decider, Decision, node_selector
-from controller.allocation.nodefilter import NodeFilter, PodRules, pinned_nodes
+from controller.allocation.nodefilter import NodeFilter, PodRules
+from controller.allocation.nodeselector import pinned_nodes
+from controller.allocation.podsize import pod_size
 from controller.claims.podclaims import (
     ClaimsPending,
     allocation_results,
@@ -38,7 +40,7 @@ from controller.kube.watchcache import WatchCache, object_key, resource_version
 from controller.kube.writer import Writer, is_conflict, is_not_found
 from controller.runtime.metrics import ControllerMetrics
 from controller.state.ledger import Held, Ledger, claim_holdings
-from driver.policy.allocator import Policy
+from driver.policy.placer import Placer, PodSize
 
 log = structlog.get_logger(__name__)
 
@@ -55,17 +57,34 @@ class Pending:
     first_seen: float
     reason: str = ""
     message: str = ""
+    size: PodSize | None = None  # what the pod asks for (controller/allocation/podsize.py), once known
 
 
 class PodAllocation:
     cache: WatchCache
     writer: Writer | None
-    policy: Policy
+    placer: Placer
     metrics: ControllerMetrics
     ledger: Ledger
     index: CandidateIndex
     pending: dict[str, Pending]
     dirty: set[str]
+
+    def _pod_size(self, key: str) -> PodSize | None:
+        """A pending pod's size for the batch order, read once and kept on its `Pending` record (the
+        loop forgets it when the inventory or the device classes change); None while not readable."""
+        pending = self.pending.get(key)
+        pod = self.cache["pods"].get(key)
+        if pending is None or pod is None:
+            return None
+        if pending.size is None:
+            try:
+                pending.size = pod_size(
+                    pod, self.cache["resourceclaims"], self.cache["deviceclasses"], self.index
+                )
+            except Exception:  # claims not there yet, or a malformed object: `_process_pod` reports it
+                return None
+        return pending.size
 
     def _node_filter(self, pod: Obj, allocated: list[Obj]) -> NodeFilter:
         """Nodes kube-scheduler would bind the pod to (controller/allocation/nodefilter.py), on the node that the
@@ -95,7 +114,7 @@ class PodAllocation:
             allocated = [c for c in claims.values() if c not in todo]
             started = time.perf_counter()
             node_ok = self._node_filter(pod, allocated)
-            decision = Decider(self.ledger, self.index, self.policy).decide(
+            decision = Decider(self.ledger, self.index, self.placer).decide(
                 todo, self.cache["deviceclasses"], node_ok=node_ok
             )
             self.metrics.decision_latency.observe(time.perf_counter() - started)

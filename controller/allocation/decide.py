@@ -1,9 +1,9 @@
 """One pod's claims -> one decision: every device of every claim on one node, or why not.
 
 No I/O: the allocation loop, the benchmark and the property tests all call `Decider.decide` against the
-same inventory/ledger. The MIG policy (driver/policy/allocator.py) chooses node, GPU, profile and
-placement of MIG devices; the share policy (driver/policy/shared.py) chooses the HAMi-core GPUs of
-shares; the whole-GPU policy (driver/policy/whole.py, combined in controller/allocation/wholeplan.py) chooses
+same inventory/ledger. Every placement rule is reached through driver/policy/placer.py's `Placer`: the
+MIG policy chooses node, GPU, profile and placement of MIG devices; the share policy chooses the
+HAMi-core GPUs of shares; the whole-GPU policy (combined in controller/allocation/wholeplan.py) chooses
 the idle GPUs of whole-GPU requests; this module feeds them the candidates, keeps every device of the
 pod on one node, walks `firstAvailable` alternatives (earlier ones win, as in kube-scheduler, except
 that a request mixing MIG and HAMi-core alternatives takes the one stranding the least memory:
@@ -43,17 +43,10 @@ from controller.shared.shares import (
 )
 from controller.state.inventory import PublishedDevice
 from controller.state.ledger import Held, Ledger, ShareUse
-from driver.policy.allocator import Policy
 from driver.policy.model import AllowedTable, DeviceRequest, GpuRef, ShortReason
-from driver.policy.shared import (
-    SharedGpuState,
-    ShareRequest,
-    explain_shares,
-    feasible_nodes,
-    place_on_node,
-    place_shares,
-)
-from driver.policy.whole import IdleGpus, WholeRequest
+from driver.policy.placer import Placer, Policy
+from driver.policy.sharemodel import SharedGpuState, ShareRequest
+from driver.policy.wholemodel import IdleGpus, WholeRequest
 
 MAX_ALTERNATIVE_COMBINATIONS = 16
 
@@ -109,10 +102,10 @@ Picked = list[tuple[tuple[int, ClaimRequest], Alternative]]
 
 
 class Decider:
-    def __init__(self, ledger: Ledger, index: CandidateIndex, policy: Policy) -> None:
+    def __init__(self, ledger: Ledger, index: CandidateIndex, policy: Policy | Placer) -> None:
         self.ledger = ledger
         self.index = index
-        self.policy = policy
+        self.placer = policy if isinstance(policy, Placer) else Placer(policy)
         self.amounts = ShareAmounts(ledger.inventory, index.share_amounts_cache)
         self.check = Checker(ledger.inventory)
         self._states: Mapping[GpuRef, SharedGpuState] = {}
@@ -259,39 +252,39 @@ class Decider:
         whole_requests: list[WholeRequest],
         node_ok: Callable[[str], bool] | None,
     ) -> Plan | Decision:
-        """MIG devices through the policy, shares through the share policy, whole GPUs through the
-        whole-GPU policy (controller/allocation/wholeplan.py), all on one node."""
+        """MIG devices through the MIG policy, shares through the share policy, whole GPUs through the
+        whole-GPU policy (controller/allocation/wholeplan.py), all on one node, all via the placer."""
         if whole_requests:
             if self._idle is None:
                 self._idle = self.ledger.idle_gpus()
-            placer = WholePlacer(self.policy, self.ledger.cluster, self._idle, self._states)
+            placer = WholePlacer(self.placer, self.ledger.cluster, self._idle, self._states)
             plan = placer.place(mig_requests, share_requests, whole_requests, node_ok)
             if isinstance(plan, Unplaced):
                 return Decision(reason=plan.reason, message=plan.message)
             return plan
         if not share_requests:
-            placement = self.policy.place(self.ledger.cluster, mig_requests)
+            placement = self.placer.mig(self.ledger.cluster, mig_requests)
             if not placement.ok:
                 return Decision(reason=str(placement.reason), message=placement.message)
             return Plan(placement.choices, ())
         if not mig_requests:
-            shares = place_shares(self._states, share_requests, node_ok)
+            shares = self.placer.shares(self._states, share_requests, node_ok)
             if not shares.ok:
                 return Decision(reason=str(shares.reason), message=shares.message)
             return Plan((), shares.choices)
         # Both kinds: only nodes where every share fits may take the MIG devices; then the shares go
         # to the node the MIG policy chose.
         candidates = set.intersection(*({ref.node for ref in r.amounts} for r in share_requests))
-        nodes = feasible_nodes(
+        nodes = self.placer.share_nodes(
             self._states, share_requests, (n for n in candidates if node_ok is None or node_ok(n))
         )
         if not nodes:
-            why = explain_shares(self._states, share_requests, node_ok)
+            why = self.placer.explain_shares(self._states, share_requests, node_ok)
             return Decision(reason=str(why.reason), message=why.message)
         restricted = [self.check.restrict(r, nodes) for r in mig_requests]
-        placement = self.policy.place(self.ledger.cluster, restricted)
+        placement = self.placer.mig(self.ledger.cluster, restricted)
         if not placement.ok:
-            alone = self.policy.place(self.ledger.cluster, mig_requests)
+            alone = self.placer.mig(self.ledger.cluster, mig_requests)
             if alone.ok:  # each kind fits, on different nodes
                 return Decision(
                     reason=ShortReason.NO_SINGLE_NODE,
@@ -300,7 +293,7 @@ class Decider:
                 )
             return Decision(reason=str(placement.reason), message=placement.message)
         assert placement.node is not None
-        hit = place_on_node(self._states, share_requests, placement.node)
+        hit = self.placer.shares_on(self._states, share_requests, placement.node)
         if hit is None:  # cannot happen: the node was feasible for the shares
             return Decision(reason=ShortReason.NO_SINGLE_NODE, message="shares no longer fit the chosen node")
         return Plan(placement.choices, hit[1])

@@ -1,11 +1,28 @@
 """The allocation loop (mode `controller`): gated pods -> allocated claims -> gate removed.
 
 One thread owns all state: it applies watch events to the stores and the ledger, then places the
-gated pods that became dirty (new, or capacity changed since they last failed), oldest first, and
-deallocates claims whose pods are gone. Only the leader writes; a standby keeps its cache warm.
+gated pods that became dirty (new, or capacity changed since they last failed) and deallocates claims
+whose pods are gone. Only the leader writes; a standby keeps its cache warm.
 
 Per pod (controller/allocation/allocate.py): decide all its claims at once, assume the devices in the ledger,
 write every claim, then release the pod; all or nothing, never allocated twice.
+
+Order (issue 12, queue-aware decisions): the pods dirty in one step (a burst, a Job's pods, every
+waiting pod once capacity frees) are decided largest first: most requested memory, then most devices,
+then oldest (driver/policy/placer.py `Placer.batch_order`; sizes from controller/allocation/podsize.py,
+kept on the `Pending` record). Small pods decided first scatter over GPUs a larger one then finds no
+room on; decided after it, they fill what it leaves. Each pod is still decided by the per-pod policy
+on the state the pods before it leave (they are assumed in the ledger as they are written), so the
+all-or-nothing and never-twice guarantees do not depend on the order. Pods whose size cannot be read
+yet go after the sized ones, oldest first. When capacity frees, the largest waiting pod that fits
+gets it first, and the smaller ones take what is left in the same step.
+
+There is no gather window (holding new pods a few hundred ms so that a burst arriving over that time
+is ordered together): it would add its length to every pod's allocation latency and need the loop
+to wake up for it, for a gain only when pods become ready in the same fraction of a second. A step
+already takes every event queued since the last one (controller/kube/watchcache.py
+`WatchCache.next_batch`), and the pods that become ready while a step writes are ordered together in
+the next.
 
 Every object the controller writes goes into its cache as *assumed* (controller/kube/watchcache.py): the
 watch's older versions of it (our own earlier writes) are ignored, and the ledger keeps an allocation
@@ -36,7 +53,7 @@ from controller.runtime.metrics import ControllerMetrics, Snapshot, instance_row
 from controller.state.inventory import Inventory
 from controller.state.ledger import Ledger
 from driver.looprunner import LoopRunner
-from driver.policy.allocator import PackingPolicy, Policy
+from driver.policy.placer import Placer, Policy
 
 log = structlog.get_logger(__name__)
 
@@ -62,7 +79,7 @@ class Controller(PodAllocation):
     ) -> None:
         self.cache = cache
         self.writer = writer
-        self.policy = policy or PackingPolicy()
+        self.placer = Placer(policy)
         self.metrics = metrics or ControllerMetrics()
         self.is_leader = is_leader
         if writer is not None:  # leadership is checked before every write, not once per step
@@ -123,7 +140,7 @@ class Controller(PodAllocation):
             self._slices_dirty = True
             return False
         if resource == "deviceclasses":
-            self.index = CandidateIndex(self.ledger.inventory, self.cel)
+            self._reindex()
             return True
         if resource == "nodes":
             # Heartbeats change node status every few seconds; only what the node filter reads matters.
@@ -167,7 +184,7 @@ class Controller(PodAllocation):
         inventory = Inventory(self.cache["resourceslices"].values())
         self.ledger = self.ledger.rebuilt(inventory)
         self.cel.clear_memos()
-        self.index = CandidateIndex(inventory, self.cel)
+        self._reindex()
         self._slices_dirty = False
         log.info(
             "inventory rebuilt",
@@ -175,6 +192,11 @@ class Controller(PodAllocation):
             gpus=len(inventory.gpus),
             seconds=round(time.monotonic() - started, 3),
         )
+
+    def _reindex(self) -> None:
+        self.index = CandidateIndex(self.ledger.inventory, self.cel)
+        for pending in self.pending.values():
+            pending.size = None  # read through the index: new devices or classes may change it
 
     # --- main loop ----------------------------------------------------------------------------------
 
@@ -214,9 +236,7 @@ class Controller(PodAllocation):
             self.dirty |= set(self.pending)
             self.claims_to_check |= {k for k, c in self.cache["resourceclaims"].items() if has_finalizer(c)}
         if self._leading() and self.writer is not None:
-            for key in sorted(
-                self.dirty, key=lambda k: self.pending[k].first_seen if k in self.pending else 0
-            ):
+            for key in self._decision_order():
                 self.dirty.discard(key)
                 if not self._guard("allocate", self._process_pod, key):
                     self.dirty.add(key)
@@ -231,6 +251,15 @@ class Controller(PodAllocation):
         except Exception as exc:  # metrics only: never worth stopping allocation for
             self.metrics.reconcile_errors.labels("publish").inc()
             log.exception("publishing metrics failed", error=str(exc))
+
+    def _decision_order(self) -> list[str]:
+        """The dirty pods, in the order this step decides them: largest first, then oldest (see the
+        module docstring); pods whose size is not known yet after the others, oldest first."""
+        by_age = sorted(
+            self.dirty, key=lambda k: (self.pending[k].first_seen if k in self.pending else 0.0, k)
+        )
+        sizes = [self._pod_size(k) for k in by_age]
+        return [by_age[i] for i in self.placer.batch_order(sizes)]
 
     def _guard(self, stage: str, fn: Callable[[str], None], key: str) -> bool:
         """Run one reconcile; False when leadership was lost (stop writing at once)."""

@@ -1,7 +1,7 @@
 """Whole GPUs in a pod's plan: on one node with the pod's MIG devices and shares, all or nothing.
 
-The whole-GPU policy (driver/policy/whole.py) ranks the nodes where every whole GPU of the pod finds an
-idle GPU. Combined with other kinds of devices:
+The whole-GPU policy (driver/policy/whole.py, called through driver/policy/placer.py) ranks the nodes
+where every whole GPU of the pod finds an idle GPU. Combined with other kinds of devices:
 - shares: only nodes where the shares fit as well are kept, and the shares go to the chosen node;
 - MIG devices: the MIG policy chooses the node among those, as it does for shares, and the whole GPUs
   take idle GPUs of that node that the MIG devices left alone. When the MIG devices took GPUs the whole
@@ -24,20 +24,11 @@ from dataclasses import dataclass
 from controller.claims.constraints import ConstraintChecker, Plan, Slot
 from controller.shared.shares import AltKind
 from controller.state.inventory import Inventory, PublishedDevice
-from driver.policy.allocator import Policy
 from driver.policy.cluster import ClusterState
 from driver.policy.model import AllowedTable, Choice, DeviceRequest, GpuRef, ShortReason
-from driver.policy.shared import SharedGpuState, SharePick, ShareRequest, place_shares
-from driver.policy.shared import feasible_nodes as share_nodes
-from driver.policy.shared import place_on_node as shares_on_node
-from driver.policy.whole import (
-    IdleGpus,
-    WholePick,
-    WholeRequest,
-    explain_whole,
-    feasible_nodes,
-    place_on_node,
-)
+from driver.policy.placer import Placer
+from driver.policy.sharemodel import SharedGpuState, SharePick, ShareRequest
+from driver.policy.wholemodel import IdleGpus, WholePick, WholeRequest
 
 MAX_NODE_RETRIES = 8
 
@@ -107,12 +98,12 @@ class WholePlacer:
 
     def __init__(
         self,
-        policy: Policy,
+        placer: Placer,
         cluster: ClusterState,
         idle: IdleGpus,
         states: Mapping[GpuRef, SharedGpuState],
     ) -> None:
-        self.policy = policy
+        self.placer = placer
         self.cluster = cluster
         self.idle = idle
         self.states = states
@@ -124,10 +115,10 @@ class WholePlacer:
         whole_requests: list[WholeRequest],
         node_ok: Callable[[str], bool] | None,
     ) -> WholePlan | Unplaced:
-        feasible = feasible_nodes(self.idle, whole_requests, node_ok)
+        feasible = self.placer.whole_nodes(self.idle, whole_requests, node_ok)
         if share_requests and feasible:
             both = set.intersection(*({ref.node for ref in r.amounts} for r in share_requests))
-            fits = share_nodes(self.states, share_requests, (n for n in feasible if n in both))
+            fits = self.placer.share_nodes(self.states, share_requests, (n for n in feasible if n in both))
             feasible = {n: hit for n, hit in feasible.items() if n in fits}
         if not feasible:
             return self._explain(share_requests, whole_requests, node_ok)
@@ -135,9 +126,9 @@ class WholePlacer:
         if not mig_requests:
             return self._plan(ranked[0], (), feasible[ranked[0]][1], share_requests)
         restricted = [ConstraintChecker.restrict(r, set(feasible)) for r in mig_requests]
-        placement = self.policy.place(self.cluster, restricted)
+        placement = self.placer.mig(self.cluster, restricted)
         if not placement.ok:
-            alone = self.policy.place(self.cluster, mig_requests)
+            alone = self.placer.mig(self.cluster, mig_requests)
             if alone.ok:
                 return Unplaced(
                     ShortReason.NO_SINGLE_NODE,
@@ -147,14 +138,16 @@ class WholePlacer:
             return Unplaced(str(placement.reason), placement.message)
         node = placement.node
         assert node is not None
-        hit = place_on_node(self.idle, whole_requests, node, exclude={c.gpu for c in placement.choices})
+        hit = self.placer.whole_on(
+            self.idle, whole_requests, node, exclude={c.gpu for c in placement.choices}
+        )
         if hit is not None:
             return self._plan(node, placement.choices, hit[1], share_requests)
         # The MIG devices took idle GPUs the whole ones need: whole GPUs first, MIG devices on the rest.
         for candidate in ([node] + [n for n in ranked if n != node])[:MAX_NODE_RETRIES]:
             picks = feasible[candidate][1]
             reserved = {p.gpu for p in picks}
-            again = self.policy.place(
+            again = self.placer.mig(
                 self.cluster, [_on_gpus(self.cluster, r, candidate, reserved) for r in mig_requests]
             )
             if again.ok:
@@ -174,7 +167,7 @@ class WholePlacer:
     ) -> WholePlan | Unplaced:
         picks: Sequence[SharePick] = ()
         if share_requests:
-            hit = shares_on_node(self.states, share_requests, node)
+            hit = self.placer.shares_on(self.states, share_requests, node)
             if hit is None:  # cannot happen: the node was feasible for the shares
                 return Unplaced(ShortReason.NO_SINGLE_NODE, "shares no longer fit the chosen node")
             picks = hit[1]
@@ -186,11 +179,11 @@ class WholePlacer:
         whole_requests: list[WholeRequest],
         node_ok: Callable[[str], bool] | None,
     ) -> Unplaced:
-        why = explain_whole(self.idle, whole_requests, node_ok)
+        why = self.placer.explain_whole(self.idle, whole_requests, node_ok)
         if why.reason is ShortReason.NO_FREE_PLACEMENT or not share_requests:
             return Unplaced(str(why.reason), why.message)
-        if feasible_nodes(self.idle, whole_requests, node_ok):  # each kind alone fits
-            shares = place_shares(self.states, share_requests, node_ok)
+        if self.placer.whole_nodes(self.idle, whole_requests, node_ok):  # each kind alone fits
+            shares = self.placer.shares(self.states, share_requests, node_ok)
             if not shares.ok:
                 return Unplaced(str(shares.reason), shares.message)
             return Unplaced(

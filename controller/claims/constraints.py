@@ -19,7 +19,7 @@ from controller.shared.shares import AltKind
 from controller.state.inventory import Inventory, PublishedDevice
 from driver.policy.cluster import ClusterState
 from driver.policy.model import AllowedTable, Choice, DeviceRequest, GpuRef
-from driver.policy.shared import SharePick, ShareRequest
+from driver.policy.sharemodel import SharePick, ShareRequest
 
 MAX_CONSTRAINT_VALUES = 24
 _EMPTY: frozenset[tuple[str, int]] = frozenset()

@@ -27,7 +27,7 @@ from api.buildinfo import HAMI_METRIC_ZONE, build_labels
 from api.constants import DRIVER_NAME, parse_device_name
 from driver.placement.fragmentation import fragmentation
 from driver.policy.model import GpuRef, GpuState
-from driver.policy.shared import SharedGpuState
+from driver.policy.sharemodel import SharedGpuState
 
 INSTANCE_INFO_LABELS = (
     "node",

@@ -31,7 +31,7 @@ from controller.kube.writer import Writer
 from controller.runtime.health import HealthServer
 from controller.runtime.metrics import ControllerMetrics
 from driver.looprunner import LoopGroup, LoopRunner
-from driver.policy.allocator import PackingPolicy, Policy
+from driver.policy.placer import Policy
 
 log = structlog.get_logger(__name__)
 
@@ -109,7 +109,7 @@ class ControllerProcess:
         self.controller = Controller(
             self.cache,
             self.writer,
-            policy=options.policy or PackingPolicy(),
+            policy=options.policy,
             metrics=self.metrics,
             is_leader=self.leading,
         )

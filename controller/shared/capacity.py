@@ -20,7 +20,7 @@ from typing import Any
 from api import devicecontract as dc
 from api.constants import DRIVER_NAME
 from controller.claims.quantity import MEBI, QuantityError, format_fraction, parse_quantity
-from driver.policy.shared import ShareAmount
+from driver.policy.sharemodel import ShareAmount
 
 CAPACITY_NAMES = dc.SHARED_CAPACITY_NAMES
 

@@ -33,7 +33,7 @@ from controller.claims.requests import Alternative, CandidateIndex, Candidates, 
 from controller.shared.capacity import ShareRequestError, ShareSpec, ShareTooLarge, consumed_capacity
 from controller.state.inventory import Inventory, PublishedDevice
 from driver.policy.model import Choice, GpuRef
-from driver.policy.shared import ShareAmount, ShareOptions
+from driver.policy.sharemodel import ShareAmount, ShareOptions
 
 
 class AltKind(StrEnum):

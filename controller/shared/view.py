@@ -16,7 +16,7 @@ from controller.shared.capacity import SharedGpuInfo
 from controller.state.inventory import DeviceKey
 from controller.state.ledger import ShareUse, claim_holdings
 from driver.policy.model import GpuRef
-from driver.policy.shared import ZERO, ShareAmount
+from driver.policy.sharemodel import ZERO, ShareAmount
 
 BAR_CELLS = 64  # characters of the memory bar
 

@@ -35,8 +35,9 @@ from controller.state.inventory import DeviceKey, Inventory, PublishedDevice
 from driver.placement.occupancy import Occupancy, OccupancyError
 from driver.policy.cluster import ClusterState
 from driver.policy.model import GpuRef, GpuState
-from driver.policy.shared import ZERO, ShareAmount, SharedGpuState
-from driver.policy.whole import IdleGpu, IdleGpus, mig_cost
+from driver.policy.placer import mig_cost
+from driver.policy.sharemodel import ZERO, ShareAmount, SharedGpuState
+from driver.policy.wholemodel import IdleGpu, IdleGpus
 
 log = structlog.get_logger(__name__)
 

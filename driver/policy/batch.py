@@ -5,23 +5,44 @@ per-pod rule: small pods decided first scatter over GPUs that larger ones later 
 in benchmarks/packing: 1.05x the optimum GPU count on A100-40GB when small requests come first). So
 the batch is decided largest first (total memory, then devices), each pod with the per-pod policy on
 the state the earlier pods of the batch leave, which is what a plain per-pod caller would get had the
-pods arrived in that order. The caller's state is restored before returning: like `Policy.place`,
-this decides and changes nothing; the caller commits the placements it keeps (all of them in order,
-or re-deciding whatever it drops).
+pods arrived in that order. `place_batch` restores the caller's state before returning: like
+`Policy.place`, it decides and changes nothing; the caller commits the placements it keeps (all of
+them in order, or re-deciding whatever it drops). The controller uses only the order (`size_order`,
+through driver/policy/placer.py): it decides and commits its pods one at a time, in that order.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from driver.policy.allocator import Policy
 from driver.policy.cluster import ClusterState
 from driver.policy.model import Choice, DeviceRequest, Placement
 
 
+@dataclass(frozen=True, slots=True)
+class PodSize:
+    """What one pending pod asks for, as far as the batch order cares: memory in MiB, and devices."""
+
+    memory_mib: int
+    devices: int
+
+    @classmethod
+    def of(cls, requests: Sequence[DeviceRequest]) -> PodSize:
+        return cls(sum(r.memory_mib for r in requests), len(requests))
+
+
+def size_order(sizes: Sequence[PodSize | None]) -> list[int]:
+    """Indices of `sizes`, most memory first, then most devices, then input order (stable); pods of
+    unknown size (None) after all known ones, in input order."""
+    known = sorted((-s.memory_mib, -s.devices, i) for i, s in enumerate(sizes) if s is not None)
+    return [i for _, _, i in known] + [i for i, s in enumerate(sizes) if s is None]
+
+
 def batch_order(pods: Sequence[Sequence[DeviceRequest]]) -> list[int]:
     """Indices of `pods`, most memory first, then most devices, then input order (stable)."""
-    return sorted(range(len(pods)), key=lambda i: (-sum(r.memory_mib for r in pods[i]), -len(pods[i]), i))
+    return size_order([PodSize.of(p) for p in pods])
 
 
 def place_batch(

@@ -14,46 +14,18 @@ ties to the node left with the fewest idle GPUs (best fit: nodes already busy ar
 whole empty nodes for large pods), then the node name; on a node, GPUs are taken by (cost, index).
 Requests admitting different GPUs are matched exactly (augmenting paths), so a feasible node is never
 missed because an earlier request took the only GPU a later one could use.
+
+The types (`IdleGpus`, `WholeRequest`, `WholePick`, ...) live in driver/policy/wholemodel.py and are
+re-exported here; the controller calls these functions only through driver/policy/placer.py.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence, Set
-from dataclasses import dataclass
 
 from driver.policy.cluster import ClusterState
-from driver.policy.model import GpuRef, PlacementOf, ShortReason
-
-
-@dataclass(frozen=True, slots=True)
-class IdleGpu:
-    """A GPU whose whole device may be allocated now, and what MIG placements lose if it is."""
-
-    ref: GpuRef
-    cost: float  # weighted MIG capacity destroyed (0.0: the GPU publishes no MIG device)
-
-
-@dataclass(frozen=True, slots=True)
-class WholeRequest:
-    """One whole GPU a pod needs: the GPUs whose whole device its selectors admit (idle or not)."""
-
-    name: str
-    gpus: Set[GpuRef]
-
-
-@dataclass(frozen=True, slots=True)
-class WholePick:
-    request: str
-    gpu: GpuRef
-
-
-@dataclass(frozen=True, slots=True)
-class WholePlacement(PlacementOf[WholePick]):
-    """One idle GPU per whole-GPU request."""
-
-
-NodeKey = tuple[float, int, str]
+from driver.policy.model import GpuRef, ShortReason
+from driver.policy.wholemodel import IdleGpu, IdleGpus, NodeKey, WholePick, WholePlacement, WholeRequest
 
 
 def mig_cost(cluster: ClusterState, refs: Iterable[GpuRef]) -> dict[GpuRef, float]:
@@ -70,27 +42,6 @@ def mig_cost(cluster: ClusterState, refs: Iterable[GpuRef]) -> dict[GpuRef, floa
             continue
         out[ref] = round(sum(w * v for w, v in zip(weights, cluster.vector(ref), strict=True)), 9)
     return out
-
-
-class IdleGpus:
-    """The idle GPUs of the cluster, per node, each node's in preference order (cost, index)."""
-
-    def __init__(self, gpus: Iterable[IdleGpu]) -> None:
-        by_node: dict[str, list[IdleGpu]] = defaultdict(list)
-        for gpu in gpus:
-            by_node[gpu.ref.node].append(gpu)
-        for node_gpus in by_node.values():
-            node_gpus.sort(key=lambda g: (g.cost, g.ref.gpu_index))
-        self.by_node: dict[str, list[IdleGpu]] = dict(by_node)
-        self.refs: frozenset[GpuRef] = frozenset(g.ref for gs in by_node.values() for g in gs)
-
-    def candidate_nodes(self, requests: Sequence[WholeRequest]) -> set[str]:
-        """Nodes holding an idle admitted GPU for every request (a necessary condition only)."""
-        nodes: set[str] | None = None
-        for req in requests:
-            mine = {ref.node for ref in req.gpus if ref in self.refs}
-            nodes = mine if nodes is None else nodes & mine
-        return nodes or set()
 
 
 def place_on_node(
@@ -171,3 +122,18 @@ def explain_whole(
         f"each of the {len(requests)} whole GPUs has an idle GPU somewhere, but no single node has "
         "enough idle GPUs for all of them",
     )
+
+
+__all__ = [
+    "IdleGpu",
+    "IdleGpus",
+    "NodeKey",
+    "WholePick",
+    "WholePlacement",
+    "WholeRequest",
+    "explain_whole",
+    "feasible_nodes",
+    "mig_cost",
+    "place_on_node",
+    "place_whole",
+]
