@@ -110,6 +110,10 @@ class ChartNodeDir(NodeDir):
     """A NodeDir whose plugin runs with the chart's DaemonSet arguments, host paths made node-local."""
 
     chart_args: tuple[str, ...] = ()  # the DaemonSet's, ConfigMap mounts already made local
+    # Where /metrics and /healthz listen: by default an ephemeral port on 127.0.0.1; hook_pods.py
+    # gives each plugin its pod's own loopback address and the chart's port, as a pod IP would be.
+    metrics_address: str = "127.0.0.1"
+    metrics_port: int = 0  # 0: ephemeral; the bound port is logged (31992 in the chart)
 
     @property
     def hami_core_dir(self) -> Path:
@@ -127,8 +131,8 @@ class ChartNodeDir(NodeDir):
             "hami-core-library": self.hami_core_dir / "libvgpu.so",
             "nvml": f"sim:{self.sim_state}",
             "kubeconfig": self.kubeconfig,
-            "metrics-address": "127.0.0.1",
-            "metrics-port": 0,  # ephemeral; the bound port is logged (31992 in the chart)
+            "metrics-address": self.metrics_address,
+            "metrics-port": self.metrics_port,
             "log-format": "json",
         }
         overrides = [f"--{k}={v}" for k, v in local.items()]
@@ -143,7 +147,9 @@ class ControllerProcess:
     ) -> None:
         self.argv = list(argv)
         self.log_path = log_path
-        self.metrics_port = metrics_port
+        # argparse keeps the last --metrics-port, so a caller's extra arguments may move the port.
+        ports = [a.removeprefix("--metrics-port=") for a in self.argv if a.startswith("--metrics-port=")]
+        self.metrics_port = int(ports[-1]) if ports else metrics_port
         self._log = log_path.open("ab")
         self.proc = subprocess.Popen(
             self.argv, stdout=self._log, stderr=subprocess.STDOUT, env=dict(env), cwd=str(REPO)

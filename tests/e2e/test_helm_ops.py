@@ -4,9 +4,10 @@ and an uninstall that leaves nothing behind.
 - preflight: with a DaemonSet of NVIDIA's device plugin running on a node, `helm install` fails and
   names it (`lookup` in templates/preflight.yaml); `preflight.allowCoexistence=true` installs.
 - the `helm test` script (files/check_serving.py), run here with a token of the test hook's own
-  ServiceAccount and RBAC, reads the live release and reports exactly what is not serving (nothing
-  runs pods here: no kubelet), so its API paths, selectors and permissions are the real ones. The
-  pod itself cannot run without a container runtime; its spec is checked in test_helm_chart.py.
+  ServiceAccount and RBAC, reads a release none of whose workloads runs and reports exactly what is
+  not serving, so its API paths, selectors and permissions are the real ones. The real `helm test`
+  of a release whose workloads serve is test_helm_test_hook.py; the pod's spec is checked in
+  test_helm_chart.py.
 - uninstall: no object of the release is left, the webhook certificate Secret included, and a
   ResourceClaimTemplate made by the webhook's real TemplateEnsurer in a user namespace is deleted
   by the garbage collector once the chart's DeviceClasses go.
