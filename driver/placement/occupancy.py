@@ -193,11 +193,23 @@ class Occupancy:
         return None
 
     def can_place(self, profile: MigProfile, start: int) -> bool:
-        return self.why_not(profile, start) is None
+        placement = profile.placement_at(start)
+        return placement is not None and self._fits(profile, placement)
+
+    def _fits(self, profile: MigProfile, placement: Placement) -> bool:
+        """`why_not(profile, placement.start) is None` for one of the profile's own placements, without
+        building the refusal message (the allocator asks this for every candidate of every state)."""
+        return (
+            placement.end <= self.memory_slices
+            and not self._mask & slice_mask(placement.start, placement.size)
+            and profile.compute_slices <= self.compute_slices - self._compute_used
+            and self._counts.get(profile.gi_profile_id, 0) < profile.instance_count
+            and self.exclusivity_allows(profile)
+        )
 
     def free_placements(self, profile: MigProfile) -> tuple[Placement, ...]:
         """Legal placements of `profile` that can be created now, in NVML order."""
-        return tuple(p for p in profile.placements if self.can_place(profile, p.start))
+        return tuple(p for p in profile.placements if self._fits(profile, p))
 
     def placeable_profiles(self) -> tuple[MigProfile, ...]:
         """The candidate profiles with at least one free placement now."""

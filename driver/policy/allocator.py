@@ -9,6 +9,7 @@ start, in firstfit.py). Both read a `ClusterState` and change nothing; the calle
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from heapq import heapify, heappop
 from typing import Protocol
 
 from driver.catalog.types import MigProfile
@@ -36,7 +37,8 @@ class PackingPolicy:
     request and the (profile, start) pairs the request allows there, so each distinct combination is
     priced once per decision, and its weight-independent part (candidates, capacity after placement)
     is memoised across decisions. A single-device pod then only looks at nodes holding a GPU whose
-    state could yield the winning node key; a multi-device pod whose devices share one filter visits
+    state could yield the winning node key, and among those only the first by name that still could
+    win (with hundreds of equally good GPUs, the first few); a multi-device pod whose devices share one filter visits
     nodes in order of a lower bound of their cost and stops when no node left can win; any other pod
     runs the per-node greedy pass on states, skipping nodes where some device has no GPU at all.
     `tests/unit/policy/reference_policy.py` keeps the plain scan as the oracle these must equal.
@@ -77,9 +79,13 @@ class PackingPolicy:
         """Exact best node for one device, visiting only nodes that could hold the winning key.
 
         A node's key is (round(loss, 9), free, name) of the candidate its scan picks, and that
-        candidate is the best of one of its GPUs. So, with groups of GPUs (same state and allowed set)
-        taken in order of (round(loss, 9), free) of their best candidate, no node reached only by later
-        groups can beat a node already evaluated once that order passes the best key found.
+        candidate is the best of one of its GPUs, so the key is at least (k, name) where k is the
+        least (round(loss, 9), free) over the groups (GPUs of one state and allowed set) the node has
+        a GPU in. Groups are taken in order of k, each group's nodes by name: the first group that
+        reaches a node gives that node's bound (k, name); once it is not below the best key found,
+        neither is any later node of the group (same k, larger name) nor any node a later group
+        reaches first. So among hundreds of nodes with equally good GPUs only the first few by name
+        are scanned.
         """
         groups = ev.groups(request)
         ranked: list[tuple[tuple[float, int], int, Iterable[GpuRef]]] = []
@@ -91,10 +97,16 @@ class PackingPolicy:
         ranked.sort(key=lambda r: (r[0], r[1]))
         best: tuple[tuple[float, int, str], tuple[Choice, ...]] | None = None
         seen: set[str] = set()
-        for bound, _, refs in ranked:
-            if best is not None and bound > best[0][:2]:
+        for (loss, free), _, refs in ranked:
+            if best is not None and (loss, free) > best[0][:2]:
                 break
-            for node in sorted({r.node for r in refs} - seen):
+            # The group's nodes by name, popped lazily: usually only the first few are needed.
+            names = list({r.node for r in refs} - seen)
+            heapify(names)
+            while names:
+                node = heappop(names)
+                if best is not None and (loss, free, node) >= best[0]:
+                    break
                 seen.add(node)
                 result = self._node(ev, node, (request,))
                 if result is not None and (best is None or result[0] < best[0]):
@@ -191,31 +203,34 @@ class PackingPolicy:
         """The per-node greedy scan of the plain implementation, on states."""
         cluster = ev.cluster
         refs = cluster.node_refs(node)
-        states = {r: cluster.state_of(r) for r in refs}
+        originals = cluster.node_state_classes(node)
+        states = list(originals)
         total_cost = 0.0
         choices: list[Choice] = []
         free = 0
         for request in ordered:
-            pick: tuple[tuple[float, int, int, int], GpuRef, Candidate] | None = None
-            for ref in refs:
-                state = states[ref]
+            best = ev.best_for(request)
+            allowed = ev.allowed_on(request, refs)
+            pick: tuple[tuple[float, int, int, int], int, Candidate] | None = None
+            for slot, state in enumerate(states):
                 if state is None:
                     continue
-                hit = ev.best(state, request, ev.allowed(request, ref))
+                hit = best(state, allowed[slot])
                 if hit is None:
                     continue
                 if pick is None or hit[0] < pick[0]:
-                    pick = (hit[0], ref, hit[1])
+                    pick = (hit[0], slot, hit[1])
                 if pick[0][1] == 0 and pick[0][0] == 0.0:
                     break  # a free-of-cost exact-profile placement cannot be beaten
             if pick is None:
                 return None
-            key, ref, cand = pick
-            original = cluster.state_of(ref)
+            key, slot, cand = pick
+            original = originals[slot]
             assert original is not None
             free += original.free
-            states[ref] = cand[3]
+            states[slot] = cand[3]
             total_cost += key[0]
+            ref = refs[slot]
             choices.append(Choice(request.name, ref, cluster.gpu(ref).catalog.profiles[cand[1]], cand[2]))
         return (round(total_cost, 9), free, node), tuple(choices)
 

@@ -49,6 +49,8 @@ class CapacityModel:
         # also hash `occ` by identity, so every new Occupancy object (one per candidate) missed.
         self._memo: dict[tuple[tuple[str, tuple[int, ...]], tuple[tuple[int, int], ...]], CapacityVector] = {}
         self._catalogs: dict[tuple[str, tuple[int, ...]], GpuCatalog] = {}
+        # Per catalog signature, per class: the profiles that serve it, smallest first.
+        self._serving: dict[tuple[str, tuple[int, ...]], tuple[tuple[MigProfile, ...], ...]] = {}
 
     def vector(self, catalog: GpuCatalog, occ: Occupancy, whole_gpu_taken: bool = False) -> CapacityVector:
         if whole_gpu_taken:
@@ -70,13 +72,20 @@ class CapacityModel:
         occ: Occupancy,
     ) -> CapacityVector:
         # `occ` is not part of the cache key (Occupancy is unhashable); the signature stands for it.
-        catalog = self._catalogs[catalog_key]
+        serving = self._serving.get(catalog_key)
+        if serving is None:
+            catalog = self._catalogs[catalog_key]
+            serving = self._serving[catalog_key] = tuple(_serving_profiles(catalog, m) for m in self.classes)
+        # Several classes fall through the same profiles: count each profile's instances once.
+        reach_of: dict[int, int] = {}
         out: list[int] = []
-        for memory in self.classes:
+        for profiles in serving:
             reach = 0
             # A request falls through to a larger profile when the smallest one has no room.
-            for profile in _serving_profiles(catalog, memory):
-                reach = reachable_instances(occ, profile)
+            for profile in profiles:
+                reach = reach_of.get(profile.gi_profile_id, -1)
+                if reach < 0:
+                    reach = reach_of[profile.gi_profile_id] = reachable_instances(occ, profile)
                 if reach:
                     break
             out.append(reach)

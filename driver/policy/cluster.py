@@ -48,11 +48,14 @@ def catalog_key(catalog: GpuCatalog) -> CatalogKey:
 class GpuStateClass:
     """One interned state: a representative catalog and occupancy, and its capacity vector."""
 
-    __slots__ = ("catalog", "cid", "free", "occupancy", "sid", "vector")
+    __slots__ = ("catalog", "cid", "free", "key", "occupancy", "sid", "vector")
 
-    def __init__(self, sid: int, cid: int, catalog: GpuCatalog, occupancy: Occupancy, vector: CapacityVector):
+    def __init__(
+        self, sid: int, key: StateKey, catalog: GpuCatalog, occupancy: Occupancy, vector: CapacityVector
+    ):
         self.sid = sid
-        self.cid = cid
+        self.key = key  # (catalog id, memory slices, compute slices, occupancy signature)
+        self.cid = key[0]
         self.catalog = catalog
         self.occupancy = occupancy
         self.free = occupancy.free_memory_slices
@@ -110,6 +113,11 @@ class ClusterState:
         self._states: dict[StateKey, GpuStateClass] = {}
         self._state_list: list[GpuStateClass] = []
         self._gpu_state: dict[GpuRef, GpuStateClass | None] = {}
+        # The same per node, in GPU index order (`node_refs`), so a node's scan hashes no GpuRef.
+        self._slot: dict[GpuRef, int] = {r: i for rs in self._by_node.values() for i, r in enumerate(rs)}
+        self._node_classes: dict[str, list[GpuStateClass | None]] = {
+            n: [None] * len(rs) for n, rs in self._by_node.items()
+        }
         self._members: dict[int, dict[GpuRef, None]] = {}
         self.memo: dict[Any, Any] = {}  # the policy's weight-independent evaluations, keyed by state
         # GPUs whose state changed, in order, so table groupings (below) catch up without a full scan;
@@ -173,6 +181,10 @@ class ClusterState:
         """The interned state of a GPU; None while its whole-GPU device is taken."""
         return self._gpu_state[ref]
 
+    def node_state_classes(self, node: str) -> list[GpuStateClass | None]:
+        """`state_of` for each of `node_refs(node)`, in that order (do not modify)."""
+        return self._node_classes[node]
+
     def live_states(self) -> list[tuple[GpuStateClass, dict[GpuRef, None]]]:
         """Every state some GPU is in, with those GPUs (in no particular order)."""
         return [(self._state_list[sid], refs) for sid, refs in self._members.items()]
@@ -187,10 +199,20 @@ class ClusterState:
         state = self._states.get(key)
         if state is None:
             vec = self.capacity.vector(catalog, occupancy)
-            state = GpuStateClass(len(self._state_list), cid, catalog, occupancy, vec)
+            state = GpuStateClass(len(self._state_list), key, catalog, occupancy, vec)
             self._states[key] = state
             self._state_list.append(state)
         return state
+
+    def intern_placed(self, state: GpuStateClass, profile: MigProfile, start: int) -> GpuStateClass:
+        """`intern` of `state`'s occupancy with `profile@start` added (a free placement of it), building
+        the new occupancy only when that state is not interned yet."""
+        cid, memory, compute, signature = state.key
+        key: StateKey = (cid, memory, compute, tuple(sorted((*signature, (profile.gi_profile_id, start)))))
+        hit = self._states.get(key)
+        if hit is not None:
+            return hit
+        return self.intern(cid, state.catalog, state.occupancy.place(profile, start))
 
     def trim(self) -> None:
         """Bound memory: past `_MAX_STATES` interned states, forget them all (and the policy's memo).
@@ -242,11 +264,15 @@ class ClusterState:
             if not members:
                 del self._members[old.sid]
         if gpu.whole_gpu_taken:
-            self._gpu_state[ref] = None
+            self._set_state(ref, None)
             return
         state = self.intern(self._gpu_cid[ref], gpu.catalog, gpu.occupancy)
-        self._gpu_state[ref] = state
+        self._set_state(ref, state)
         self._members.setdefault(state.sid, {})[ref] = None
+
+    def _set_state(self, ref: GpuRef, state: GpuStateClass | None) -> None:
+        self._gpu_state[ref] = state
+        self._node_classes[ref.node][self._slot[ref]] = state
 
     def _reset_states(self) -> None:
         """Forget every interned state and the policy's memo; re-intern the GPUs' current states."""
@@ -261,7 +287,7 @@ class ClusterState:
             gpu = self._gpus[ref]
             if not gpu.whole_gpu_taken:
                 state = self.intern(self._gpu_cid[ref], gpu.catalog, gpu.occupancy)
-                self._gpu_state[ref] = state
+                self._set_state(ref, state)
                 self._members.setdefault(state.sid, {})[ref] = None
             else:
-                self._gpu_state[ref] = None
+                self._set_state(ref, None)

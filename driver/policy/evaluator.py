@@ -3,7 +3,8 @@
 A GPU's candidates for a request depend only on its state (catalog + occupancy), the request and the
 (profile, start) pairs the request allows there, so each distinct combination is evaluated once per
 decision, and the weight-independent part (candidates, capacity after placement) is memoised across
-decisions in `ClusterState.memo`.
+decisions in `ClusterState.memo`. Within a state, a candidate whose waste alone already exceeds the
+cheapest loss found is skipped when that provably cannot change the pick (see `Evaluator._price`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ class WastePricer(Protocol):
 Candidate = tuple[int, int, int, "GpuStateClass"]
 AllowedKey = frozenset[tuple[str, int]] | None
 _RequestSig = tuple[int, str | None, str | None, frozenset[str]]
+_Best = tuple[tuple[float, int, int, int], Candidate] | None
+# (index into catalog.profiles, all monotone, ((candidate, capacity loss per class, monotone), ...))
+_Priced = tuple[int, bool, tuple[tuple[Candidate, tuple[int, ...], bool], ...]]
 _MAX_MEMO = 65536  # (state, request, allowed) entries, a few hundred bytes each
 
 
@@ -36,15 +40,15 @@ class Evaluator:
         self.policy = policy
         self.cluster = cluster
         self.weights = weights
+        # Pruning by waste (see `best`) needs every weight non-negative; NaN weights disable it too.
+        self._prune = all(w >= 0 for w in weights)
         if len(cluster.memo) >= _MAX_MEMO:
             cluster.memo.clear()
         self._allowed: dict[int, dict[GpuRef, AllowedKey]] = {}
         self._groups: dict[int, list[tuple[GpuStateClass, AllowedKey, Iterable[GpuRef]]]] = {}
         self._waste: dict[tuple[int, int, _RequestSig], float] = {}
-        self._best: dict[
-            tuple[GpuStateClass, _RequestSig, AllowedKey],
-            tuple[tuple[float, int, int, int], Candidate] | None,
-        ] = {}
+        # Per request signature: (state, allowed) -> best candidate (see `best`).
+        self._best: dict[_RequestSig, dict[tuple[GpuStateClass, AllowedKey], _Best]] = {}
 
     @staticmethod
     def _sig(request: DeviceRequest) -> _RequestSig:
@@ -59,6 +63,12 @@ class Evaluator:
         if hit is _MISSING:
             hit = cache[ref] = _freeze(filt(ref))
         return hit  # type: ignore[return-value]
+
+    def allowed_on(self, request: DeviceRequest, refs: Sequence[GpuRef]) -> Sequence[AllowedKey]:
+        """`allowed` for each of `refs`, in order."""
+        if request.device_filter is None:
+            return (None,) * len(refs)
+        return [self.allowed(request, ref) for ref in refs]
 
     def groups(self, request: DeviceRequest) -> list[tuple[GpuStateClass, AllowedKey, Iterable[GpuRef]]]:
         """Every (state, allowed set) some GPU is in for `request`, with those GPUs.
@@ -81,7 +91,7 @@ class Evaluator:
         else:
             for state, refs in self.cluster.live_states():
                 if filt is None:
-                    out.append((state, None, list(refs)))
+                    out.append((state, None, refs))  # the cluster's own member set: no copy per decision
                     continue
                 split: dict[AllowedKey, list[GpuRef]] = {}
                 for ref in refs:
@@ -107,44 +117,116 @@ class Evaluator:
         out: list[Candidate] = []
         if self.serves(state, request, allowed):
             occ = state.occupancy
-            index = {id(p): i for i, p in enumerate(state.catalog.profiles)}
-            for rank, profile in enumerate(_profiles_in(state.catalog.profiles, request, allowed)):
+            profiles = state.catalog.profiles
+            for rank, i in enumerate(self._profile_indices(state, request, allowed)):
+                profile = profiles[i]
                 for placement in occ.free_placements(profile):
                     if allowed is not None and (profile.name, placement.start) not in allowed:
                         continue
-                    after = self.cluster.intern(state.cid, state.catalog, occ.place(profile, placement.start))
-                    out.append((rank, index[id(profile)], placement.start, after))
+                    after = self.cluster.intern_placed(state, profile, placement.start)
+                    out.append((rank, i, placement.start, after))
         result = tuple(out)
         memo[key] = result
         return result
 
-    def best(
+    def _profile_indices(
         self, state: GpuStateClass, request: DeviceRequest, allowed: AllowedKey
-    ) -> tuple[tuple[float, int, int, int], Candidate] | None:
+    ) -> tuple[int, ...]:
+        """`_profiles_in` as indices into the catalog's profiles, the profile choice memoised per catalog.
+
+        Indices, not profile objects: GPUs of one catalog id may carry equal but distinct catalogs.
+        """
+        key = (_PROFILES, state.cid, self._sig(request))
+        memo = self.cluster.memo
+        chosen: tuple[int, ...] | None = memo.get(key)
+        if chosen is None:
+            profiles = state.catalog.profiles
+            index = {id(p): i for i, p in enumerate(profiles)}
+            chosen = memo[key] = tuple(index[id(p)] for p in _profiles_in(profiles, request, None))
+        if allowed is None:
+            return chosen
+        profiles = state.catalog.profiles
+        return tuple(
+            i for i in chosen if any((profiles[i].name, pl.start) in allowed for pl in profiles[i].placements)
+        )
+
+    def _priced(
+        self, state: GpuStateClass, request: DeviceRequest, allowed: AllowedKey
+    ) -> tuple[_Priced, ...]:
+        """Weight-independent: the candidates by profile (they come profile by profile), each with its
+        capacity loss per class (before - after) and whether none of those is negative (then its
+        priced loss is at least its waste), and whether that holds for all of the profile's."""
+        key = (_PRICED, state, self._sig(request), allowed)
+        memo = self.cluster.memo
+        hit: tuple[_Priced, ...] | None = memo.get(key)
+        if hit is None:
+            before = state.vector
+            by_profile: dict[int, list[tuple[Candidate, tuple[int, ...], bool]]] = {}
+            for cand in self.candidates(state, request, allowed):
+                deltas = tuple(b - a for b, a in zip(before, cand[3].vector, strict=True))
+                by_profile.setdefault(cand[1], []).append((cand, deltas, all(d >= 0 for d in deltas)))
+            hit = memo[key] = tuple(
+                (index, all(m for _, _, m in members), tuple(members))
+                for index, members in by_profile.items()
+            )
+        return hit
+
+    def best(self, state: GpuStateClass, request: DeviceRequest, allowed: AllowedKey) -> _Best:
         """The cheapest (loss, rank, free slices, start) candidate on a GPU in `state`, or None."""
-        key = (state, self._sig(request), allowed)
-        if key in self._best:
-            return self._best[key]
+        sig = self._sig(request)
+        table = self._best.get(sig)
+        if table is None:
+            table = self._best[sig] = {}
+        hit = table.get((state, allowed), _MISSING)
+        if hit is _MISSING:
+            hit = table[(state, allowed)] = self._price(state, request, sig, allowed)
+        return hit  # type: ignore[return-value]
+
+    def best_for(self, request: DeviceRequest) -> Callable[[GpuStateClass, AllowedKey], _Best]:
+        """`best` for one request, as a function of (state, allowed): for scans over many GPUs."""
+        sig = self._sig(request)
+        table = self._best.get(sig)
+        if table is None:
+            table = self._best[sig] = {}
+
+        def lookup(state: GpuStateClass, allowed: AllowedKey) -> _Best:
+            hit = table.get((state, allowed), _MISSING)
+            if hit is _MISSING:
+                hit = table[(state, allowed)] = self._price(state, request, sig, allowed)
+            return hit  # type: ignore[return-value]
+
+        return lookup
+
+    def _price(
+        self, state: GpuStateClass, request: DeviceRequest, sig: _RequestSig, allowed: AllowedKey
+    ) -> _Best:
+        """`best` computed. A candidate whose capacity loss has no negative class, under non-negative
+        weights, costs at least its waste (a sum of non-negative terms added to it, and float rounding
+        is monotone), so one whose waste alone exceeds the cheapest loss so far cannot win and is not
+        priced."""
         assert self.policy is not None
         weights = self.weights
-        before = state.vector
+        prune = self._prune
         free = state.free
-        sig = key[1]
-        pick: tuple[tuple[float, int, int, int], Candidate] | None = None
-        for cand in self.candidates(state, request, allowed):
-            vec = cand[3].vector
-            # Same expression (and summation order) as the plain scan, so costs are bit-identical.
-            loss = sum(w * (b - a) for w, b, a in zip(weights, before, vec, strict=True))
-            wkey = (state.cid, cand[1], sig)
+        pick: _Best = None
+        for index, all_monotone, members in self._priced(state, request, allowed):
+            wkey = (state.cid, index, sig)
             waste = self._waste.get(wkey)
             if waste is None:
                 rep = GpuState(_REP, state.catalog, state.occupancy)
-                waste = self._waste[wkey] = self.policy.waste(rep, state.catalog.profiles[cand[1]], request)
-            loss += waste
-            ck = (loss, cand[0], free, cand[2])
-            if pick is None or ck < pick[0]:
-                pick = (ck, cand)
-        self._best[key] = pick
+                waste = self._waste[wkey] = self.policy.waste(rep, state.catalog.profiles[index], request)
+            if prune and all_monotone and pick is not None and waste > pick[0][0]:
+                continue  # the whole profile
+            for cand, deltas, monotone in members:
+                if prune and monotone and pick is not None and waste > pick[0][0]:
+                    continue
+                # Same products and summation order as the plain scan (w * (before - after) per
+                # class, the difference an exact integer), so costs are bit-identical.
+                loss = sum(w * d for w, d in zip(weights, deltas, strict=True))
+                loss += waste
+                ck = (loss, cand[0], free, cand[2])
+                if pick is None or ck < pick[0]:
+                    pick = (ck, cand)
         return pick
 
     def nodes_where(
@@ -166,6 +248,8 @@ class Evaluator:
 
 
 _MISSING: object = object()
+_PROFILES = "profiles"  # memo tags: keys of other memoised evaluations never start with a str
+_PRICED = "priced"
 _REP = GpuRef("", -1)
 
 
