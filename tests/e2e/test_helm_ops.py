@@ -1,8 +1,10 @@
 """Day-2 operations of the chart against the real control plane: preflight, `helm test`'s checks,
 and an uninstall that leaves nothing behind.
 
-- preflight: with a DaemonSet of NVIDIA's device plugin running on a node, `helm install` fails and
-  names it (`lookup` in templates/preflight.yaml); `preflight.allowCoexistence=true` installs.
+- preflight: with a DaemonSet of NVIDIA's device plugin running on a GPU node, where flexmig's
+  kubelet plugin would run too, `helm install` fails and names it (`lookup` in
+  templates/_preflight.tpl); `preflight.allowCoexistence=true` installs. The check per node:
+  test_helm_preflight.py.
 - the `helm test` script (files/check_serving.py), run here with a token of the test hook's own
   ServiceAccount and RBAC, reads a release none of whose workloads runs and reports exactly what is
   not serving, so its API paths, selectors and permissions are the real ones. The real `helm test`
@@ -77,9 +79,9 @@ def test_preflight_refuses_next_to_nvidia_device_plugin(control_plane: ControlPl
         raw, core = Raw(api), k8s.CoreV1Api(api)
         installed = False
         try:
-            core.create_node(
-                model(k8s.V1Node, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
-            )
+            # Labelled as a GPU node (the plugin's default affinity): both DaemonSets would run there.
+            meta = {"name": node, "labels": {"nvidia.com/gpu.present": "true"}}
+            core.create_node(model(k8s.V1Node, {"apiVersion": "v1", "kind": "Node", "metadata": meta}))
             create_namespace(api, other)
             ds_path = f"/apis/apps/v1/namespaces/{other}/daemonsets"
             raw.request("POST", ds_path, _daemonset(ds_name, {"app": "nvidia-device-plugin-daemonset"}))
@@ -94,7 +96,8 @@ def test_preflight_refuses_next_to_nvidia_device_plugin(control_plane: ControlPl
             refused = control_plane.helm(*args, *WEBHOOK_ON, check=False)
             assert refused.returncode != 0, refused.stdout
             assert re.search(
-                rf"preflight: NVIDIA's device plugin \(daemonset {other}/{ds_name} on \d+ nodes\)",
+                rf"preflight: NVIDIA's device plugin \(daemonset {other}/{ds_name}\) runs on \d+ of "
+                r"flexmig's GPU nodes: ",
                 refused.stderr,
             ), refused.stderr
             assert "preflight.allowCoexistence=true" in refused.stderr

@@ -1,0 +1,208 @@
+{{- /*
+The preflight check of templates/preflight.yaml: on which nodes another manager of NVIDIA GPUs
+(NVIDIA's device plugin, the GPU Operator's MIG manager, HAMi's device plugin) runs next to
+flexmig's kubelet plugin. Node selection is judged the way the scheduler judges it: a nodeSelector
+must be a subset of the node's labels, and of the required node affinity's terms (ORed) one must
+match with all its requirements (ANDed). What cannot be judged here (the operators Gt and Lt, field
+requirements other than metadata.name, taints and tolerations) counts as a match: the check would
+rather refuse than miss a shared node. Every template that answers a question writes "true" or
+nothing.
+*/}}
+
+{{- /* The kubelet plugin's node affinity when kubeletPlugin.affinity is empty: NVIDIA GPU nodes as
+labelled by Node Feature Discovery (PCI vendor 10de) or the GPU Operator. kubeletplugin.yaml renders
+it and the preflight check evaluates it, so the two cannot drift apart. */}}
+{{- define "flexmig.pluginDefaultAffinity" -}}
+nodeAffinity:
+  requiredDuringSchedulingIgnoredDuringExecution:
+    nodeSelectorTerms:
+      - matchExpressions:
+          - key: feature.node.kubernetes.io/pci-10de.present
+            operator: In
+            values: ["true"]
+      - matchExpressions:
+          - key: nvidia.com/gpu.present
+            operator: In
+            values: ["true"]
+{{- end -}}
+
+{{- /* Which other GPU manager a DaemonSet is (its display name), or nothing. Argument: the DaemonSet. */}}
+{{- define "flexmig.preflight.foreignManager" -}}
+{{- $labels := .metadata.labels | default dict -}}
+{{- $name := .metadata.name -}}
+{{- if or (eq (get $labels "app.kubernetes.io/name") "nvidia-device-plugin") (eq (get $labels "app") "nvidia-device-plugin-daemonset") (hasPrefix "nvidia-device-plugin" $name) -}}
+NVIDIA's device plugin
+{{- else if or (eq (get $labels "app") "nvidia-mig-manager") (hasPrefix "nvidia-mig-manager" $name) -}}
+the GPU Operator's MIG manager
+{{- else if or (eq (get $labels "app.kubernetes.io/component") "hami-device-plugin") (hasSuffix "hami-device-plugin" $name) -}}
+HAMi's device plugin
+{{- end -}}
+{{- end -}}
+
+{{- /* One node selector requirement. Arguments: dict "labels" (the node's), "name" (the node's),
+"expr" (the requirement), "field" (true for a matchFields requirement). */}}
+{{- define "flexmig.preflight.requirementMatches" -}}
+{{- $values := list -}}
+{{- range (.expr.values | default list) }}{{ $values = append $values (toString .) }}{{ end -}}
+{{- $op := .expr.operator | default "" -}}
+{{- $has := false -}}
+{{- $value := "" -}}
+{{- $judged := true -}}
+{{- if .field -}}
+{{- /* Field requirements: only metadata.name is a node field selector can name (In/NotIn). */ -}}
+{{- if eq (toString .expr.key) "metadata.name" -}}
+{{- $has = true -}}
+{{- $value = .name -}}
+{{- else -}}
+{{- $judged = false -}}
+{{- end -}}
+{{- else -}}
+{{- $has = hasKey .labels (toString .expr.key) -}}
+{{- $value = toString (get .labels (toString .expr.key)) -}}
+{{- end -}}
+{{- if not $judged -}}
+true
+{{- else if eq $op "In" -}}
+{{- if and $has (has $value $values) }}true{{ end -}}
+{{- else if eq $op "NotIn" -}}
+{{- if not (and $has (has $value $values)) }}true{{ end -}}
+{{- else if eq $op "Exists" -}}
+{{- if $has }}true{{ end -}}
+{{- else if eq $op "DoesNotExist" -}}
+{{- if not $has }}true{{ end -}}
+{{- else -}}
+{{- /* Gt, Lt or unknown: not judged, counts as a match. */ -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{- /* One node selector term: all its requirements match; a term without any matches no node (as in
+Kubernetes). Arguments: dict "labels", "name", "term". */}}
+{{- define "flexmig.preflight.termMatches" -}}
+{{- $exprs := .term.matchExpressions | default list -}}
+{{- $fields := .term.matchFields | default list -}}
+{{- $ok := true -}}
+{{- if and (not $exprs) (not $fields) }}{{ $ok = false }}{{ end -}}
+{{- range $exprs -}}
+{{- if ne (include "flexmig.preflight.requirementMatches" (dict "labels" $.labels "name" $.name "expr" . "field" false)) "true" }}{{ $ok = false }}{{ end -}}
+{{- end -}}
+{{- range $fields -}}
+{{- if ne (include "flexmig.preflight.requirementMatches" (dict "labels" $.labels "name" $.name "expr" . "field" true)) "true" }}{{ $ok = false }}{{ end -}}
+{{- end -}}
+{{- if $ok }}true{{ end -}}
+{{- end -}}
+
+{{- /* A pod spec's node selection selects a node. Arguments: dict "node" (a Node object),
+"nodeSelector" (a map or nothing), "affinity" (a pod affinity or nothing; only the required node
+affinity restricts nodes). */}}
+{{- define "flexmig.preflight.selects" -}}
+{{- $labels := .node.metadata.labels | default dict -}}
+{{- $name := .node.metadata.name -}}
+{{- $ok := true -}}
+{{- range $key, $want := (.nodeSelector | default dict) -}}
+{{- if or (not (hasKey $labels $key)) (ne (toString (get $labels $key)) (toString $want)) }}{{ $ok = false }}{{ end -}}
+{{- end -}}
+{{- $required := dig "nodeAffinity" "requiredDuringSchedulingIgnoredDuringExecution" dict (.affinity | default dict) -}}
+{{- if and $ok $required -}}
+{{- $any := false -}}
+{{- range ($required.nodeSelectorTerms | default list) -}}
+{{- if eq (include "flexmig.preflight.termMatches" (dict "labels" $labels "name" $name "term" .)) "true" }}{{ $any = true }}{{ end -}}
+{{- end -}}
+{{- $ok = $any -}}
+{{- end -}}
+{{- if $ok }}true{{ end -}}
+{{- end -}}
+
+{{- /* flexmig's kubelet plugin DaemonSet (kubeletplugin.yaml) would run on a node: its nodeSelector,
+and its affinity or the default one. Arguments: dict "root" (the chart's context), "node". */}}
+{{- define "flexmig.preflight.pluginRunsOn" -}}
+{{- $p := .root.Values.kubeletPlugin -}}
+{{- $affinity := $p.affinity -}}
+{{- if not $affinity }}{{ $affinity = include "flexmig.pluginDefaultAffinity" .root | fromYaml }}{{ end -}}
+{{- include "flexmig.preflight.selects" (dict "node" .node "nodeSelector" $p.nodeSelector "affinity" $affinity) -}}
+{{- end -}}
+
+{{- /* The nodes a DaemonSet runs on or is about to, as a JSON list of names. Its pods say where: the
+node each is bound to, or, before the scheduler binds it, the node the DaemonSet controller pins it
+to (a metadata.name field term). Without pods (just created, or the controller cannot create them)
+its pod template's node selection is evaluated against every node, unless its status, current for
+its generation, says it wants no node. Arguments: dict "ds", "pods" (its namespace's), "nodes". */}}
+{{- define "flexmig.preflight.daemonSetNodes" -}}
+{{- $names := list -}}
+{{- $uid := .ds.metadata.uid -}}
+{{- $owned := false -}}
+{{- range $pod := .pods -}}
+{{- range $ref := ($pod.metadata.ownerReferences | default list) -}}
+{{- if eq $ref.uid $uid -}}
+{{- $owned = true -}}
+{{- if $pod.spec.nodeName -}}
+{{- $names = append $names $pod.spec.nodeName -}}
+{{- else -}}
+{{- range $term := (dig "affinity" "nodeAffinity" "requiredDuringSchedulingIgnoredDuringExecution" "nodeSelectorTerms" list $pod.spec) -}}
+{{- range $field := ($term.matchFields | default list) -}}
+{{- if and (eq $field.key "metadata.name") (eq $field.operator "In") -}}
+{{- range ($field.values | default list) }}{{ $names = append $names . }}{{ end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if not $owned -}}
+{{- $status := .ds.status | default dict -}}
+{{- $current := and (hasKey $status "observedGeneration") (ge (int64 $status.observedGeneration) (int64 (.ds.metadata.generation | default 0))) -}}
+{{- $wantsNone := and $current (eq (int64 ($status.desiredNumberScheduled | default 0)) 0) -}}
+{{- if not $wantsNone -}}
+{{- $podSpec := .ds.spec.template.spec -}}
+{{- range $node := .nodes -}}
+{{- if eq (include "flexmig.preflight.selects" (dict "node" $node "nodeSelector" $podSpec.nodeSelector "affinity" $podSpec.affinity)) "true" -}}
+{{- $names = append $names $node.metadata.name -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $names | uniq | toJson -}}
+{{- end -}}
+
+{{- /* Every other GPU manager that shares a node with flexmig's kubelet plugin, one sentence each,
+as a JSON list; empty with preflight.allowCoexistence or without the plugin. Nodes and each
+namespace's pods are read (`lookup`) only once a DaemonSet of another manager is found. Argument:
+the chart's context. */}}
+{{- define "flexmig.preflight.conflicts" -}}
+{{- $found := list -}}
+{{- if and (not .Values.preflight.allowCoexistence) .Values.kubeletPlugin.enabled -}}
+{{- $byName := dict -}}
+{{- $nodes := list -}}
+{{- $nodesRead := false -}}
+{{- $podsByNamespace := dict -}}
+{{- range $ds := ((lookup "apps/v1" "DaemonSet" "" "").items | default list) -}}
+{{- $what := include "flexmig.preflight.foreignManager" $ds -}}
+{{- if $what -}}
+{{- if not $nodesRead -}}
+{{- $nodes = (lookup "v1" "Node" "" "").items | default list -}}
+{{- range $nodes }}{{ $_ := set $byName .metadata.name . }}{{ end -}}
+{{- $nodesRead = true -}}
+{{- end -}}
+{{- $ns := $ds.metadata.namespace -}}
+{{- if not (hasKey $podsByNamespace $ns) -}}
+{{- $_ := set $podsByNamespace $ns ((lookup "v1" "Pod" $ns "").items | default list) -}}
+{{- end -}}
+{{- $shared := list -}}
+{{- range $name := (include "flexmig.preflight.daemonSetNodes" (dict "ds" $ds "pods" (get $podsByNamespace $ns) "nodes" $nodes) | fromJsonArray) -}}
+{{- $node := get $byName $name -}}
+{{- if and $node (eq (include "flexmig.preflight.pluginRunsOn" (dict "root" $ "node" $node)) "true") -}}
+{{- $shared = append $shared $name -}}
+{{- end -}}
+{{- end -}}
+{{- if $shared -}}
+{{- $shared = sortAlpha $shared -}}
+{{- $shown := join ", " (slice $shared 0 (min 3 (len $shared))) -}}
+{{- if gt (len $shared) 3 }}{{ $shown = printf "%s and %d more" $shown (sub (len $shared) 3) }}{{ end -}}
+{{- $found = append $found (printf "%s (daemonset %s/%s) runs on %d of flexmig's GPU nodes: %s" $what $ns $ds.metadata.name (len $shared) $shown) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $found | toJson -}}
+{{- end -}}
