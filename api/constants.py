@@ -19,6 +19,12 @@ DRIVER_NAME = "gpu.flexmig.dev"
 ALLOCATION_GATE = "gpu.flexmig.dev/allocation"
 """Scheduling gate the webhook adds to pods whose claims the controller allocates."""
 
+ANNOTATION_EXPECTED_DURATION = "gpu.flexmig.dev/expected-duration"
+"""Optional pod annotation: how long the pod is expected to run (`90s`, `45m`, `2h30m`, or plain
+seconds). The controller's MIG policy then co-locates pods expected to end together, so that whole
+GPUs free up for large requests (controller/allocation/lifetime.py). A bad value is ignored with a
+Warning event; it never blocks the pod."""
+
 # --- pod annotations (kept from HAMi) ---------------------------------------------------------
 
 ANNOTATION_MIG_ALLOCATIONS = "hami.io/vgpu-mig-allocations"

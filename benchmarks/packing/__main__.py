@@ -2,7 +2,8 @@
 
 Online (per scenario and load): first fit, HAMi v2.10's heuristic, flexmig, and the repacking bound,
 all on the same seeded pod streams. Offline: GPUs used per order against the exact optimum (HiGHS).
-Scale: decision latency and peak RSS at 1,000 and 5,000 nodes x 8 GPUs. Prints Markdown tables.
+Scale: decision latency and peak RSS at 1,000 and 5,000 nodes x 8 GPUs. With `--hints exact,noisy`
+also flexmig with lifetime hints against none (hints.py). Prints Markdown tables.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ import sys
 import time
 from collections.abc import Sequence
 
-from driver.policy.allocator import FirstFitPolicy, PackingPolicy, Policy
+from driver.policy.allocator import HINT_WEIGHT, FirstFitPolicy, PackingPolicy, Policy
 from driver.policy.hami import HamiPolicy
 
-from . import offline, online
+from . import hints, offline, online
 
 LOADS = (0.7, 0.9, 1.1)
 
@@ -105,8 +106,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--scale-nodes", default="1000,5000")
     parser.add_argument("--scale-decisions", type=int, default=300)
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: online,offline,scale")
+    parser.add_argument(
+        "--hints",
+        default="none",
+        help="lifetime hint modes for a flexmig-only table, comma-separated: none,exact,noisy "
+        "(default none: no such table)",
+    )
+    parser.add_argument(
+        "--hint-weights",
+        default=f"{HINT_WEIGHT:g}",
+        help="comma-separated PackingPolicy hint weights for --hints (default: the policy's)",
+    )
     parser.add_argument("--out", help="also write the Markdown here")
     args = parser.parse_args(argv)
+    modes = [m for m in args.hints.split(",") if m]
+    if set(modes) - set(hints.MODES):
+        parser.error(
+            f"--hints: unknown mode(s) {sorted(set(modes) - set(hints.MODES))}; allowed: none, exact, noisy"
+        )
+    try:
+        hint_weights = [float(w) for w in args.hint_weights.split(",") if w]
+    except ValueError:
+        parser.error(f"--hint-weights: not numbers: {args.hint_weights!r}")
+    if not hint_weights or any(not w >= 0 for w in hint_weights):
+        parser.error(f"--hint-weights: need one or more weights >= 0, got {args.hint_weights!r}")
     skip = {s for s in args.skip.split(",") if s}
     unknown = skip - {"online", "offline", "scale"}
     if unknown:
@@ -125,6 +148,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parts.append(
             f"### Online ({args.seeds} seeds x {args.pods} pods, first 20 % skipped)\n\n"
             + online_tables(args.seeds, args.pods, scenarios, loads)
+        )
+    if any(m != "none" for m in modes):
+        parts.append(
+            f"### Lifetime hints, flexmig ({args.seeds} seeds x {args.pods} pods, first 20 % skipped; "
+            f"noisy = lifetime x lognormal(0, {hints.NOISE_SIGMA}))\n\n"
+            + hints.hint_table(args.seeds, args.pods, scenarios, loads, modes, hint_weights)
         )
     if "offline" not in skip:
         parts.append(

@@ -137,7 +137,7 @@ def build_cluster(scenario: Scenario) -> ClusterState:
 Admit = Callable[[Pod], object]  # returns a token to release later, or None when refused
 
 
-def _stream(
+def stream(
     pods: Sequence[Pod], admit: Admit, release: Callable[[object], None], name: str, warmup: float
 ) -> Outcome:
     out = Outcome(name)
@@ -178,7 +178,7 @@ def run_policy(policy: Policy, scenario: Scenario, pods: Sequence[Pod], warmup: 
         for c in token:  # type: ignore[attr-defined]
             cluster.release(c.gpu, c.profile, c.start)
 
-    return _stream(pods, admit, release, policy.name, warmup)
+    return stream(pods, admit, release, policy.name, warmup)
 
 
 def run_bound(scenario: Scenario, pods: Sequence[Pod], warmup: float = 0.2) -> Outcome:
@@ -191,4 +191,4 @@ def run_bound(scenario: Scenario, pods: Sequence[Pod], warmup: float = 0.2) -> O
     def release(token: object) -> None:
         bound.release(str(token))
 
-    return _stream(pods, admit, release, bound.name, warmup)
+    return stream(pods, admit, release, bound.name, warmup)

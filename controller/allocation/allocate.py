@@ -22,8 +22,9 @@ from typing import Any
 import structlog
 from kubernetes.client.exceptions import ApiException
 
-from api.constants import ANNOTATION_MIG_ALLOCATIONS
+from api.constants import ANNOTATION_EXPECTED_DURATION, ANNOTATION_MIG_ALLOCATIONS
 from controller.allocation.decide import ClaimAllocation, ControllerReason, Decider, Decision, node_selector
+from controller.allocation.lifetime import decision_hint
 from controller.allocation.nodefilter import NodeFilter, PodRules
 from controller.allocation.nodeselector import pinned_nodes
 from controller.allocation.podsize import pod_size
@@ -40,6 +41,7 @@ from controller.kube.watchcache import WatchCache, object_key, resource_version
 from controller.kube.writer import Writer, is_conflict, is_not_found
 from controller.runtime.metrics import ControllerMetrics
 from controller.state.ledger import Held, Ledger, claim_holdings
+from driver.policy.model import EndHint
 from driver.policy.placer import Placer, PodSize
 
 log = structlog.get_logger(__name__)
@@ -69,6 +71,7 @@ class PodAllocation:
     index: CandidateIndex
     pending: dict[str, Pending]
     dirty: set[str]
+    hint_warned: dict[str, str]  # pod uid -> the bad expected-duration value already reported
 
     def _pod_size(self, key: str) -> PodSize | None:
         """A pending pod's size for the batch order, read once and kept on its `Pending` record (the
@@ -114,8 +117,9 @@ class PodAllocation:
             allocated = [c for c in claims.values() if c not in todo]
             started = time.perf_counter()
             node_ok = self._node_filter(pod, allocated)
+            hint = self._end_hint(pod)
             decision = Decider(self.ledger, self.index, self.placer).decide(
-                todo, self.cache["deviceclasses"], node_ok=node_ok
+                todo, self.cache["deviceclasses"], node_ok=node_ok, end_hint=hint
             )
             self.metrics.decision_latency.observe(time.perf_counter() - started)
             if not decision.ok:
@@ -135,6 +139,9 @@ class PodAllocation:
             if problem:
                 self._unplaced(pod, pending, ControllerReason.INVALID_REQUEST.value, problem)
                 return
+            if hint is not None:
+                for alloc in decision.allocations:
+                    self.ledger.expect_end(alloc.uid, hint.end)
             written = self._write_claims(pod, decision)
             if written is None:
                 self.dirty.add(key)  # conflict: decide again from the fresh state
@@ -147,6 +154,25 @@ class PodAllocation:
                 }
             )
         self._release(pod, pending, claims)
+
+    def _end_hint(self, pod: Obj) -> EndHint | None:
+        """The pod's lifetime hint (controller/allocation/lifetime.py); a bad annotation is reported
+        once per value (log, and a Warning event when leading) and the pod is placed unhinted."""
+        hint, problem = decision_hint(pod, time.time())
+        if problem is not None:
+            uid = str(pod["metadata"].get("uid", ""))
+            value = str((pod["metadata"].get("annotations") or {}).get(ANNOTATION_EXPECTED_DURATION))
+            if self.hint_warned.get(uid) != value:
+                self.hint_warned[uid] = value
+                log.warning("lifetime hint ignored", pod=object_key(pod), problem=problem)
+                if self.writer is not None:
+                    try:
+                        self.writer.event(
+                            pod, "Pod", "Warning", "InvalidLifetimeHint", f"{problem}; placed without it"
+                        )
+                    except Exception as exc:  # only a warning: never what keeps the pod from running
+                        log.warning("lifetime hint event not written", pod=object_key(pod), error=str(exc))
+        return hint
 
     def _write_claims(self, pod: Obj, decision: Decision) -> dict[str, Obj] | None:
         assert self.writer is not None and decision.node is not None

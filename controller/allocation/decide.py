@@ -43,7 +43,7 @@ from controller.shared.shares import (
 )
 from controller.state.inventory import PublishedDevice
 from controller.state.ledger import Held, Ledger, ShareUse
-from driver.policy.model import AllowedTable, DeviceRequest, GpuRef, ShortReason
+from driver.policy.model import AllowedTable, DeviceRequest, EndHint, GpuRef, ShortReason
 from driver.policy.placer import Placer, Policy
 from driver.policy.sharemodel import SharedGpuState, ShareRequest
 from driver.policy.wholemodel import IdleGpus, WholeRequest
@@ -111,14 +111,19 @@ class Decider:
         self._states: Mapping[GpuRef, SharedGpuState] = {}
         self._idle: IdleGpus | None = None  # the idle GPUs, computed once per decision when needed
         self._classified: dict[tuple[str, str], Classified | Decision] = {}
+        self._end_hint: EndHint | None = None
 
     def decide(
         self,
         claims: Sequence[Mapping[str, Any]],
         classes: Mapping[str, Mapping[str, Any]],
         node_ok: Callable[[str], bool] | None = None,
+        end_hint: EndHint | None = None,
     ) -> Decision:
-        """Place every request of `claims` on one node; `node_ok` excludes nodes (cordoned, selectors)."""
+        """Place every request of `claims` on one node; `node_ok` excludes nodes (cordoned, selectors);
+        `end_hint`, the pod's expected end (controller/allocation/lifetime.py), goes with every MIG
+        device to the policy, which co-locates pods ending together."""
+        self._end_hint = end_hint
         try:
             per_claim = [claim_requests(c, classes, self.index) for c in claims]
         except RequestError as exc:
@@ -211,7 +216,12 @@ class Decider:
                     slot = Slot(ci, fi, req, alt, f"{ci}:{alt.result_name}:{i}", AltKind.MIG)
                     slots.append(slot)
                     mig_requests.append(
-                        DeviceRequest(slot.policy_name, c.mig.min_memory_mib, device_filter=filt)
+                        DeviceRequest(
+                            slot.policy_name,
+                            c.mig.min_memory_mib,
+                            device_filter=filt,
+                            end_hint=self._end_hint,
+                        )
                     )
                 continue
             if c.kind is AltKind.WHOLE:

@@ -42,6 +42,7 @@ from urllib3.exceptions import HTTPError
 
 from controller.allocation.allocate import Pending, PodAllocation, allocated_devices
 from controller.allocation.deallocate import deallocate, has_finalizer, needs_attention
+from controller.allocation.lifetime import running_end
 from controller.allocation.nodefilter import schedulable_view
 from controller.allocation.skips import SkipReporter
 from controller.claims.cel import CelEnvironment
@@ -93,6 +94,10 @@ class Controller(PodAllocation):
         self.claims_to_check: set[str] = set()
         self.pods_by_uid: dict[str, Obj] = {}
         self.live_refs = LiveRefs()
+        # Lifetime hints of running pods, by the claims they reference (claim key -> expected end), so
+        # the ledger knows the ends of existing allocations whichever of pod and claim is seen first.
+        self.claim_ends: dict[str, float] = {}
+        self.hint_warned: dict[str, str] = {}
         self.skips = SkipReporter(self.metrics)
         self.runner: LoopRunner | None = None
         self._slices_dirty = False
@@ -152,7 +157,9 @@ class Controller(PodAllocation):
             before = len(self.ledger.owners)
             if new is None:
                 self.ledger.forget(uid)
+                self.ledger.expect_end(uid, None)
             else:
+                self.ledger.expect_end(uid, self.claim_ends.get(key))
                 self.ledger.observe(uid, allocated_devices(new), resource_version(new))
             if has_finalizer(obj):
                 self.claims_to_check.add(key)
@@ -167,17 +174,32 @@ class Controller(PodAllocation):
                 self.pods_by_uid.pop(uid, None)
                 self.live_refs.drop(uid)
                 self.pending.pop(key, None)
+                self.hint_warned.pop(uid, None)
                 self.claims_to_check |= referenced_claims(obj)
+                self._hint_claims(referenced_claims(obj), None)
                 return False
             refs = referenced_claims(new)  # first: a pod it cannot read is skipped before it counts
             self.pods_by_uid[uid] = new
             self.live_refs.set(uid, refs)
+            if not is_gated(new):  # a gated pod's hint is given when it is decided (allocate.py)
+                self._hint_claims(refs, running_end(new, time.time()))
             if is_gated(new):
                 self.dirty.add(key)
                 self.pending.setdefault(key, Pending(time.monotonic()))
             else:
                 self.pending.pop(key, None)
         return False
+
+    def _hint_claims(self, claim_keys: set[str], end: float | None) -> None:
+        """The expected end of the pod referencing these claims (None: none any more), to the ledger."""
+        for claim_key in claim_keys:
+            if end is None:
+                self.claim_ends.pop(claim_key, None)
+            else:
+                self.claim_ends[claim_key] = end
+            claim = self.cache["resourceclaims"].get(claim_key)
+            if claim is not None:
+                self.ledger.expect_end(str(claim["metadata"]["uid"]), end)
 
     def _rebuild(self) -> None:
         started = time.monotonic()

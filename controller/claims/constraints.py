@@ -244,7 +244,7 @@ class ConstraintChecker:
             return hit
 
         filt: Callable[[GpuRef], Set[tuple[str, int]]] = allowed
-        return DeviceRequest(request.name, request.memory_mib, device_filter=filt)
+        return DeviceRequest(request.name, request.memory_mib, device_filter=filt, end_hint=request.end_hint)
 
     @staticmethod
     def restrict(request: DeviceRequest, nodes: Set[str]) -> DeviceRequest:
@@ -253,11 +253,15 @@ class ConstraintChecker:
         if isinstance(filt, AllowedTable):
             outer = filt.node_ok
             table = AllowedTable(filt.table, lambda n: n in nodes and (outer is None or outer(n)))
-            return DeviceRequest(request.name, request.memory_mib, device_filter=table)
+            return DeviceRequest(
+                request.name, request.memory_mib, device_filter=table, end_hint=request.end_hint
+            )
 
         def allowed(ref: GpuRef) -> Set[tuple[str, int]]:
             if ref.node not in nodes:
                 return _EMPTY
             return request.allowed(ref) or _EMPTY
 
-        return DeviceRequest(request.name, request.memory_mib, device_filter=allowed)
+        return DeviceRequest(
+            request.name, request.memory_mib, device_filter=allowed, end_hint=request.end_hint
+        )

@@ -17,6 +17,12 @@ free the devices again, or the next pod could be given the same placement. An as
 resourceVersion the watch must show (that of our write once it landed); it ends only when a version at
 least that new is observed (ours, or someone else's newer one), or the claim is forgotten (deleted,
 rolled back). Without comparable versions, only an allocated view ends it.
+
+Lifetime hints: `expect_end` records when the pod holding a claim is expected to end (the
+controller reads it from the pod, controller/allocation/lifetime.py); the claim's MIG instances carry
+that end in the `ClusterState` for the policy's co-location term, from the moment the claim is
+allocated, and again after a restart or an inventory rebuild. The hint outlives allocation changes of
+the claim (a rollback re-applies it) and goes only with `expect_end(uid, None)`.
 """
 
 from __future__ import annotations
@@ -126,10 +132,12 @@ class Ledger:
         ]
         self.cluster = ClusterState(gpus)
         self._in_cluster = {g.ref for g in gpus}
+        self.expected_ends: dict[str, float] = {}  # claim uid -> expected end of its pod (epoch s)
 
     def rebuilt(self, inventory: Inventory) -> Ledger:
         """The same allocations over a new inventory (slices changed)."""
         new = Ledger(inventory)
+        new.expected_ends = dict(self.expected_ends)
         for uid, devices in self.claims.items():
             new._apply(uid, devices)
         new.assumed = {uid: rv for uid, rv in self.assumed.items() if uid in new.claims}
@@ -169,6 +177,34 @@ class Ledger:
             self._apply(uid, devs)
         self.assumed[uid] = resource_version
 
+    def expect_end(self, uid: str, end: float | None) -> None:
+        """The claim's pod is expected to end at `end` (epoch seconds); None: no (more) hint."""
+        if end is None:
+            if self.expected_ends.pop(uid, None) is None:
+                return
+        elif self.expected_ends.get(uid) == end:
+            return
+        else:
+            self.expected_ends[uid] = end
+        self._mark_ends(uid)
+
+    def _mark_ends(self, uid: str) -> None:
+        """Give the claim's MIG instances in the cluster state its expected end (or none)."""
+        end = self.expected_ends.get(uid)
+        for key in self.claims.get(uid, ()):
+            if isinstance(key, ShareUse) or self.owners.get(key) != uid:
+                continue
+            dev = self.inventory.device(key)
+            if dev is None or dev.kind is not DeviceKind.MIG or dev.start is None:
+                continue
+            ref = dev.gpu
+            if ref is None or ref not in self._in_cluster or ref in self.conflicts:
+                continue
+            try:
+                self.cluster.set_expected_end(ref, dev.start, end)
+            except ValueError:  # not placed (its profile is not in the catalog): nothing to mark
+                continue
+
     def forget(self, uid: str) -> None:
         """The claim is gone, deallocated, or our write failed."""
         self.assumed.pop(uid, None)
@@ -200,6 +236,8 @@ class Ledger:
             if dev is not None:
                 self._count(dev, +1)
                 self._occupy(dev, add=True)
+        if uid in self.expected_ends:
+            self._mark_ends(uid)
 
     # --- derived state ------------------------------------------------------------------------------
 

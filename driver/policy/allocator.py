@@ -17,7 +17,11 @@ from driver.policy.cluster import ClusterState, GpuStateClass
 from driver.policy.evaluator import AllowedKey, Candidate, Evaluator
 from driver.policy.explain import explain_failure, largest_first
 from driver.policy.firstfit import FirstFitPolicy
-from driver.policy.model import AllowedTable, Choice, DeviceRequest, GpuRef, GpuState, Placement
+from driver.policy.model import AllowedTable, Choice, DeviceRequest, EndHint, GpuRef, GpuState, Placement
+
+# `PackingPolicy.hint_weight`'s default: the weight of a full lifetime's delay of a GPU becoming whole.
+# Chosen coarsely from three values in benchmarks/packing (see benchmarks/RESULTS.md, "Lifetime hint").
+HINT_WEIGHT = 0.1
 
 
 class Policy(Protocol):
@@ -42,9 +46,35 @@ class PackingPolicy:
     nodes in order of a lower bound of their cost and stops when no node left can win; any other pod
     runs the per-node greedy pass on states, skipping nodes where some device has no GPU at all.
     `tests/unit/policy/reference_policy.py` keeps the plain scan as the oracle these must equal.
+
+    Lifetime hints (`DeviceRequest.end_hint`): a hinted device's price on a GPU is the GPU's best
+    candidate price plus `colocation` of the GPU's latest hinted end (`ClusterState.latest_end`). The
+    term is the same for every candidate on a GPU, so it is added per GPU in the node scan and never
+    enters the per-state memo; it is >= 0, so the per-state prices the shortcuts bound nodes with stay
+    lower bounds (they only scan more nodes when hints are in play). Unhinted devices get no term.
     """
 
     name = "flexmig"
+
+    def __init__(self, hint_weight: float = HINT_WEIGHT) -> None:
+        if not hint_weight >= 0:  # the shortcuts' bounds need a non-negative term (NaN refused too)
+            raise ValueError(f"hint_weight must be >= 0, got {hint_weight}")
+        self.hint_weight = hint_weight
+
+    def colocation(self, hint: EndHint, gpu_end: float | None) -> float:
+        """What placing a pod expected to end at `hint.end` on a GPU costs in whole-GPU time.
+
+        A GPU becomes whole when its last instance ends. A pod ending after every hinted instance of
+        its GPU delays that by `hint.end - gpu_end`; one ending earlier delays nothing. The delay is
+        counted as a share of the pod's own remaining time (capped at 1) times `hint_weight`. The
+        caller passes an empty GPU's end as now (`hint.end - hint.remaining`: it is whole now, so the
+        pod delays it by its whole remaining time, the full weight; pricing it 0 sent long pods to
+        empty GPUs and measurably cut the GPUs left whole), and None for a GPU whose instances carry no
+        hint (their end is unknown): 0.
+        """
+        if gpu_end is None or hint.end <= gpu_end:
+            return 0.0
+        return self.hint_weight * min(1.0, (hint.end - gpu_end) / hint.remaining)
 
     def weights(self, cluster: ClusterState) -> tuple[float, ...]:
         """Per request class: 1 / (1 + placeable capacity left in the cluster). Scarce classes dominate."""
@@ -208,9 +238,12 @@ class PackingPolicy:
         total_cost = 0.0
         choices: list[Choice] = []
         free = 0
+        # Latest hinted end per GPU, kept current as this pod's hinted devices are placed.
+        ends = [cluster.latest_end(r) for r in refs] if any(r.end_hint is not None for r in ordered) else []
         for request in ordered:
             best = ev.best_for(request)
             allowed = ev.allowed_on(request, refs)
+            hint = request.end_hint
             pick: tuple[tuple[float, int, int, int], int, Candidate] | None = None
             for slot, state in enumerate(states):
                 if state is None:
@@ -218,8 +251,16 @@ class PackingPolicy:
                 hit = best(state, allowed[slot])
                 if hit is None:
                     continue
-                if pick is None or hit[0] < pick[0]:
-                    pick = (hit[0], slot, hit[1])
+                key = hit[0]
+                if hint is not None:
+                    end = ends[slot]
+                    if end is None and not state.occupancy.instances:
+                        end = hint.end - hint.remaining  # empty: whole until now
+                    term = self.colocation(hint, end)
+                    if term:
+                        key = (key[0] + term, key[1], key[2], key[3])
+                if pick is None or key < pick[0]:
+                    pick = (key, slot, hit[1])
                 if pick[0][1] == 0 and pick[0][0] == 0.0:
                     break  # a free-of-cost exact-profile placement cannot be beaten
             if pick is None:
@@ -229,6 +270,9 @@ class PackingPolicy:
             assert original is not None
             free += original.free
             states[slot] = cand[3]
+            if hint is not None:
+                end = ends[slot]
+                ends[slot] = hint.end if end is None else max(end, hint.end)
             total_cost += key[0]
             ref = refs[slot]
             choices.append(Choice(request.name, ref, cluster.gpu(ref).catalog.profiles[cand[1]], cand[2]))
@@ -238,4 +282,4 @@ class PackingPolicy:
 # (rank, index into catalog.profiles, start, state after placing): independent of weights and policy
 
 
-__all__ = ["FirstFitPolicy", "PackingPolicy", "Policy", "explain_failure"]
+__all__ = ["HINT_WEIGHT", "FirstFitPolicy", "PackingPolicy", "Policy", "explain_failure"]

@@ -3,6 +3,11 @@
 Besides the capacity totals, the state keeps GPUs grouped by *state*: (catalog, occupancy) up to
 identity. GPUs in one state offer exactly the same candidates with the same capacity effects, so the
 policy evaluates each distinct state once per decision instead of once per GPU (see allocator.py).
+
+It also keeps, per GPU, the expected end of every instance committed with one (`commit(...,
+expected_end=)`): lifetime hints. They are deliberately not part of a GPU's state: the policy's
+co-location term depends only on a GPU's latest hinted end, is the same for every candidate on that
+GPU, and is added per GPU on top of the state's price (see `PackingPolicy.colocation`).
 """
 
 from __future__ import annotations
@@ -119,6 +124,9 @@ class ClusterState:
             n: [None] * len(rs) for n, rs in self._by_node.items()
         }
         self._members: dict[int, dict[GpuRef, None]] = {}
+        # Lifetime hints: GPU -> instance start -> expected end (seconds); only GPUs holding a hinted
+        # instance are keys, so an empty dict means no hint is in play anywhere.
+        self._ends: dict[GpuRef, dict[int, float]] = {}
         self.memo: dict[Any, Any] = {}  # the policy's weight-independent evaluations, keyed by state
         # GPUs whose state changed, in order, so table groupings (below) catch up without a full scan;
         # `_generation` changes whenever the log is cut or states are re-interned (groupings rebuild).
@@ -159,6 +167,14 @@ class ClusterState:
     def set_occupancy(self, ref: GpuRef, occupancy: Occupancy, whole_gpu_taken: bool | None = None) -> None:
         gpu = self._gpus[ref]
         gpu.occupancy = occupancy
+        ends = self._ends.get(ref)
+        if ends is not None:
+            # Hints of instances this occupancy no longer has go with them.
+            starts = {i.start for i in occupancy.instances}
+            for start in [s for s in ends if s not in starts]:
+                del ends[start]
+            if not ends:
+                del self._ends[ref]
         if whole_gpu_taken is not None:
             gpu.whole_gpu_taken = whole_gpu_taken
         new = self.capacity.vector(gpu.catalog, occupancy, gpu.whole_gpu_taken)
@@ -166,14 +182,40 @@ class ClusterState:
         self._vectors[ref] = new
         self._index(ref, gpu)
 
-    def commit(self, choices: Iterable[Choice]) -> None:
+    def commit(self, choices: Iterable[Choice], expected_end: float | None = None) -> None:
+        """Place every choice; with `expected_end` (seconds), remember it as those instances' end."""
         for choice in choices:
             gpu = self._gpus[choice.gpu]
             self.set_occupancy(choice.gpu, gpu.occupancy.place(choice.profile, choice.start))
+            if expected_end is not None:
+                self._ends.setdefault(choice.gpu, {})[choice.start] = expected_end
 
     def release(self, ref: GpuRef, profile: MigProfile, start: int) -> None:
         gpu = self._gpus[ref]
         self.set_occupancy(ref, gpu.occupancy.remove(profile, start))
+
+    def set_expected_end(self, ref: GpuRef, start: int, expected_end: float | None) -> None:
+        """Set (None: forget) the expected end of the instance at `start` on `ref`, which must exist."""
+        if not any(i.start == start for i in self._gpus[ref].occupancy.instances):
+            raise ValueError(f"no instance at start {start} on {ref}")
+        if expected_end is None:
+            ends = self._ends.get(ref)
+            if ends is not None:
+                ends.pop(start, None)
+                if not ends:
+                    del self._ends[ref]
+        else:
+            self._ends.setdefault(ref, {})[start] = expected_end
+
+    @property
+    def hinted(self) -> bool:
+        """Whether any GPU holds an instance with an expected end."""
+        return bool(self._ends)
+
+    def latest_end(self, ref: GpuRef) -> float | None:
+        """The latest expected end among the GPU's hinted instances; None when it has none."""
+        ends = self._ends.get(ref)
+        return max(ends.values()) if ends else None
 
     # --- state index (for the policy) --------------------------------------------------------------
 

@@ -79,12 +79,27 @@ class AllowedTable:
 
 
 @dataclass(frozen=True, slots=True)
+class EndHint:
+    """When a pod is expected to end: `end` in absolute seconds (any clock the whole cluster state
+    shares), and `remaining`, the seconds from the decision to `end` (> 0), which normalises how
+    long placing it would keep a GPU from becoming whole (see `PackingPolicy.colocation`)."""
+
+    end: float
+    remaining: float
+
+    def __post_init__(self) -> None:
+        if not self.remaining > 0:
+            raise ValueError(f"EndHint.remaining must be > 0, got {self.remaining}")
+
+
+@dataclass(frozen=True, slots=True)
 class DeviceRequest:
     """One device of a pod: a MIG instance with at least `memory_mib`, or a pinned/preferred profile.
 
     `models` restricts the GPU models (catalog model keys) that may serve it; empty means any.
     `device_filter`, when set, further restricts the (profile, start) pairs per GPU; an empty set
-    means the GPU cannot serve the request at all.
+    means the GPU cannot serve the request at all. `end_hint`, when set, is the pod's expected end:
+    the packing policy then prefers GPUs whose hinted instances end no earlier (co-location).
     """
 
     name: str
@@ -93,6 +108,7 @@ class DeviceRequest:
     pinned_profile: str | None = None
     models: frozenset[str] = field(default_factory=frozenset)
     device_filter: DeviceFilter | None = field(default=None, compare=False)
+    end_hint: EndHint | None = None
 
     def allowed(self, ref: GpuRef) -> Set[tuple[str, int]] | None:
         return None if self.device_filter is None else self.device_filter(ref)

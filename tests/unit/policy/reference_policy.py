@@ -1,6 +1,10 @@
 """Test oracle: PackingPolicy as it was before the state-grouped fast path, scanning every node and GPU.
 
-Kept verbatim (only renamed) so the fast path can be proven to make identical decisions.
+Kept as it was (renamed) so the fast path can be proven to make identical decisions, plus the lifetime
+hint's co-location term, written out plainly: a hinted device's key on a GPU is the GPU's best
+candidate key with the term added to its price (the term is the same for every candidate on a GPU).
+Without hints the per-GPU minimum then minimum over GPUs is the old single scan's pick (the first
+least key in scan order), so unhinted decisions are the old ones.
 """
 
 from __future__ import annotations
@@ -12,13 +16,24 @@ from driver.placement.occupancy import Occupancy
 from driver.policy.capacity import CapacityVector
 from driver.policy.cluster import ClusterState
 from driver.policy.explain import explain_failure, free_placements, largest_first, profiles_for, serves
-from driver.policy.model import Choice, DeviceRequest, GpuRef, GpuState, Placement
+from driver.policy.model import Choice, DeviceRequest, EndHint, GpuRef, GpuState, Placement
 
 
 class ReferencePackingPolicy:
     """Cheapest placement by cluster-wide capacity loss (scarce classes weigh more) plus memory waste."""
 
     name = "flexmig-reference"
+
+    def __init__(self, hint_weight: float = 1.0) -> None:
+        self.hint_weight = hint_weight
+
+    def colocation(self, hint: EndHint, gpu_end: float | None) -> float:
+        """The delay, as a share of the pod's remaining time (at most 1), by which the pod would keep
+        a GPU whose hinted instances end at `gpu_end` (an empty GPU: now) from becoming whole; 0 for
+        a GPU whose instances carry no hint (None)."""
+        if gpu_end is None or hint.end <= gpu_end:
+            return 0.0
+        return self.hint_weight * min(1.0, (hint.end - gpu_end) / hint.remaining)
 
     def weights(self, cluster: ClusterState) -> tuple[float, ...]:
         """Per request class: 1 / (1 + placeable capacity left in the cluster). Scarce classes dominate."""
@@ -63,6 +78,7 @@ class ReferencePackingPolicy:
     ) -> tuple[float, tuple[Choice, ...]] | None:
         occupancies: dict[GpuRef, Occupancy] = {g.ref: g.occupancy for g in gpus}
         vectors: dict[GpuRef, CapacityVector] = {g.ref: cluster.vector(g.ref) for g in gpus}
+        ends: dict[GpuRef, float | None] = {g.ref: cluster.latest_end(g.ref) for g in gpus}
         total_cost = 0.0
         choices: list[Choice] = []
         for request in largest_first(requests):
@@ -71,6 +87,7 @@ class ReferencePackingPolicy:
                 if gpu.whole_gpu_taken or not serves(gpu, request):
                     continue
                 occ = occupancies[gpu.ref]
+                on_gpu: tuple[tuple[float, int, int, int], Choice, Occupancy, CapacityVector] | None = None
                 for rank, profile in enumerate(profiles_for(gpu, request)):
                     for placement in free_placements(gpu, occ, profile, request):
                         after = occ.place(profile, placement.start)
@@ -80,9 +97,20 @@ class ReferencePackingPolicy:
                         )
                         loss += self.waste(gpu, profile, request)
                         key = (loss, rank, occ.free_memory_slices, placement.start)
-                        if pick is None or key < pick[0]:
+                        if on_gpu is None or key < on_gpu[0]:
                             choice = Choice(request.name, gpu.ref, profile, placement.start)
-                            pick = (key, choice, after, vec)
+                            on_gpu = (key, choice, after, vec)
+                if on_gpu is not None:
+                    if request.end_hint is not None:
+                        end = ends[gpu.ref]
+                        if end is None and not occ.instances:
+                            end = request.end_hint.end - request.end_hint.remaining  # empty GPU: now
+                        term = self.colocation(request.end_hint, end)
+                        if term:
+                            key = on_gpu[0]
+                            on_gpu = ((key[0] + term, key[1], key[2], key[3]), *on_gpu[1:])
+                    if pick is None or on_gpu[0] < pick[0]:
+                        pick = on_gpu
                 if pick is not None and pick[0][1] == 0 and pick[0][0] == 0.0:
                     break  # a free-of-cost exact-profile placement cannot be beaten
             if pick is None:
@@ -90,6 +118,9 @@ class ReferencePackingPolicy:
             _, choice, after, vec = pick
             occupancies[choice.gpu] = after
             vectors[choice.gpu] = vec
+            if request.end_hint is not None:
+                end = ends[choice.gpu]
+                ends[choice.gpu] = request.end_hint.end if end is None else max(end, request.end_hint.end)
             total_cost += pick[0][0]
             choices.append(choice)
         return total_cost, tuple(choices)
