@@ -18,6 +18,7 @@ import random
 from collections.abc import Callable
 
 DEFAULT_JITTER = 0.5
+_MAX_DOUBLINGS = 60  # 2**60 x any sane start_s is past any max_s
 
 
 def backoff_delay(
@@ -25,7 +26,8 @@ def backoff_delay(
 ) -> float:
     """Delay before retry `attempt` (1 = first retry): `start_s * 2**(attempt-1)` capped at `max_s`,
     times `1 + jitter * rng()` (`rng` returns a number in [0, 1))."""
-    base = min(start_s * 2.0 ** max(0, attempt - 1), max_s)
+    # The exponent is capped: 2.0 ** 1024 overflows, and a loop failing for hours must keep retrying.
+    base = min(start_s * 2.0 ** min(max(0, attempt - 1), _MAX_DOUBLINGS), max_s)
     return base * (1 + rng() * jitter) if jitter else base
 
 

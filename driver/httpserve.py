@@ -1,7 +1,8 @@
 """The metrics and liveness port both processes serve: /metrics, /healthz and /livez over plain HTTP.
 
 GET /metrics answers 200 with what `metrics()` renders (Prometheus text, `metrics_content_type`);
-GET /healthz and /livez answer 200 or 503 with the text of `healthy()`; anything else 404. A query
+GET /healthz and /livez answer 200 or 503 with the text of `healthy()`; anything else 404. If
+`metrics()` or `healthy()` raises, the answer is 500 naming the error; a client idle for 10 s is dropped. A query
 string is ignored. Access logs are off: probes every few seconds would drown the process's own logs.
 
 The accept loop is a `driver/looprunner.py::LoopRunner` named `metrics-http`: each iteration serves at
@@ -24,6 +25,7 @@ TEXT = "text/plain; charset=utf-8"
 LOOP_NAME = "metrics-http"
 _ACCEPT_TIMEOUT_S = 0.5
 _STUCK_AFTER_S = 60.0
+_CONNECTION_TIMEOUT_S = 10.0
 
 
 class ProbeServer:
@@ -64,15 +66,24 @@ class ProbeServer:
         metrics, content_type, healthy = self._metrics, self._metrics_content_type, self._healthy
 
         class Handler(BaseHTTPRequestHandler):
+            # An idle or slow client must not hold its thread forever (anything that reaches the port
+            # could otherwise exhaust threads).
+            timeout = _CONNECTION_TIMEOUT_S
+
             def do_GET(self) -> None:
                 path = self.path.split("?")[0]
-                if path == "/metrics":
-                    self._reply(200, metrics(), content_type)
-                elif path in ("/healthz", "/livez"):
-                    ok, text = healthy()
-                    self._reply(200 if ok else 503, text.encode(), TEXT)
-                else:
-                    self._reply(404, b"not found: try /metrics or /healthz\n", TEXT)
+                try:
+                    if path == "/metrics":
+                        self._reply(200, metrics(), content_type)
+                    elif path in ("/healthz", "/livez"):
+                        ok, text = healthy()
+                        self._reply(200 if ok else 503, text.encode(), TEXT)
+                    else:
+                        self._reply(404, b"not found: try /metrics or /healthz\n", TEXT)
+                except OSError:
+                    raise  # the client went away: nothing to answer
+                except Exception as exc:  # a failing collector or check answers 500, not a dropped socket
+                    self._reply(500, f"internal error: {type(exc).__name__}: {exc}\n".encode(), TEXT)
 
             def _reply(self, code: int, body: bytes, content_type: str) -> None:
                 self.send_response(code)

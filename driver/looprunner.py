@@ -148,7 +148,11 @@ class LoopRunner:
                     self._body()
                 except Exception as exc:
                     self._failed(exc)
-                    self._pause_for_retry(self._backoff.next_delay())
+                    try:
+                        delay = self._backoff.next_delay()
+                    except Exception:  # never let the retry arithmetic end the loop
+                        delay = self._backoff.max_s
+                    self._pause_for_retry(delay)
                     continue
                 self._backoff.reset()
                 with self._lock:

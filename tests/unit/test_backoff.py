@@ -56,3 +56,11 @@ def test_the_function_matches_the_class() -> None:
 def test_bad_settings_are_refused(start: float, cap: float, jitter: float) -> None:
     with pytest.raises(ValueError, match="backoff needs"):
         Backoff(start, cap, jitter=jitter)
+
+
+def test_thousands_of_failures_in_a_row_still_give_the_capped_delay() -> None:
+    # 2.0 ** 1024 overflows: a loop failing for ~10 h (API server down overnight) must keep retrying.
+    backoff = Backoff(0.5, 30.0, jitter=0.0)
+    backoff.attempts = 10_000
+    assert backoff.next_delay() == 30.0
+    assert backoff_delay(10**9, 0.5, 30.0, lambda: 0.99) == 30.0 * (1 + 0.99 * 0.5)

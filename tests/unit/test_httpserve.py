@@ -82,8 +82,8 @@ def test_a_failing_request_does_not_end_the_endpoint(serve: Callable[[ProbeServe
         ProbeServer("127.0.0.1", 0, metrics=lambda: b"", metrics_content_type=TEXT, healthy=healthy)
     )
     assert isinstance(server.runner, LoopRunner) and server.runner.name == LOOP_NAME
-    with pytest.raises(OSError):  # the connection is dropped without an answer
-        _get(server.port, "/healthz")
+    status, _, body = _get(server.port, "/healthz")  # answered, not a dropped connection
+    assert status == 500 and b"health check blew up" in body
     assert _get(server.port, "/healthz") == (200, TEXT, b"ok\n")
     assert server.runner.health().ok
 
@@ -134,3 +134,39 @@ def test_plugin_wrapper_renders_node_metrics_and_counts_loop_errors(
     assert hook is not None
     hook(RuntimeError("accept failed"))
     assert metrics.registry.get_sample_value("flexmig_node_loop_errors_total", {"loop": "metrics-http"}) == 1
+
+
+def test_a_failing_collector_or_check_answers_500_and_the_server_keeps_serving(
+    serve: Callable[[ProbeServer], ProbeServer],
+) -> None:
+    def broken_metrics() -> bytes:
+        raise RuntimeError("collector exploded")
+
+    def broken_check() -> tuple[bool, str]:
+        raise KeyError("loop")
+
+    server = serve(
+        ProbeServer("127.0.0.1", 0, metrics=broken_metrics, metrics_content_type=TEXT, healthy=broken_check)
+    )
+    status, ctype, body = _get(server.port, "/metrics")
+    assert (status, ctype) == (500, TEXT) and b"RuntimeError: collector exploded" in body
+    assert _get(server.port, "/healthz")[0] == 500
+    assert _get(server.port, "/nothing")[0] == 404  # still serving after the failures
+
+
+def test_an_idle_client_is_dropped_after_the_connection_timeout(
+    serve: Callable[[ProbeServer], ProbeServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+
+    import driver.httpserve as httpserve
+
+    monkeypatch.setattr(httpserve, "_CONNECTION_TIMEOUT_S", 0.3)
+    server = serve(
+        ProbeServer(
+            "127.0.0.1", 0, metrics=lambda: b"", metrics_content_type=TEXT, healthy=lambda: (True, "")
+        )
+    )
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as idle:
+        # Sends nothing: the server closes it after its timeout instead of holding a thread forever.
+        assert idle.recv(1) == b""
