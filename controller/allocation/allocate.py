@@ -24,7 +24,7 @@ from kubernetes.client.exceptions import ApiException
 
 from api.constants import ANNOTATION_EXPECTED_DURATION, ANNOTATION_MIG_ALLOCATIONS
 from controller.allocation.decide import ClaimAllocation, ControllerReason, Decider, Decision, node_selector
-from controller.allocation.lifetime import decision_hint
+from controller.allocation.lifetime import ClaimEnds, decision_hint
 from controller.allocation.nodefilter import NodeFilter, PodRules
 from controller.allocation.nodeselector import pinned_nodes
 from controller.allocation.podsize import pod_size
@@ -72,6 +72,7 @@ class PodAllocation:
     pending: dict[str, Pending]
     dirty: set[str]
     hint_warned: dict[str, str]  # pod uid -> the bad expected-duration value already reported
+    claim_ends: ClaimEnds  # expected ends of hinted pods, by claim (controller/allocation/lifetime.py)
 
     def _pod_size(self, key: str) -> PodSize | None:
         """A pending pod's size for the batch order, read once and kept on its `Pending` record (the
@@ -139,9 +140,13 @@ class PodAllocation:
             if problem:
                 self._unplaced(pod, pending, ControllerReason.INVALID_REQUEST.value, problem)
                 return
-            if hint is not None:
-                for alloc in decision.allocations:
-                    self.ledger.expect_end(alloc.uid, hint.end)
+            # Kept by claim too: our own claim writes come back through the watch before the pod's
+            # release does, and the pod starts (status.startTime) later still. No hint (any more):
+            # whatever an earlier decision of this pod recorded goes.
+            keys = {object_key(alloc.claim) for alloc in decision.allocations}
+            self.claim_ends.set(str(pod["metadata"].get("uid", "")), keys, None if hint is None else hint.end)
+            for alloc in decision.allocations:
+                self.ledger.expect_end(alloc.uid, self.claim_ends.end(object_key(alloc.claim)))
             written = self._write_claims(pod, decision)
             if written is None:
                 self.dirty.add(key)  # conflict: decide again from the fresh state

@@ -7,8 +7,13 @@ be read (or is not positive) also means no hint, with a warning naming the annot
 the accepted forms; the pod is placed either way.
 
 Times are wall-clock seconds since the epoch, the clock both a decision (`decision_hint`: the pod
-has not started, so it ends a duration from now) and the ledger's view of running pods
-(`running_end`: from the pod's start, else its creation) use.
+has not started, so it ends a duration from now) and the ledger's view of released pods
+(`running_end`: from the pod's start; before it starts, the end known from its decision) use.
+
+`ClaimEnds` keeps those ends per claim and pod, so that the end of a claim's allocation is known
+whichever of pod, claim and our own writes the watch shows first, and survives the window between
+the gate's removal and the pod's start (status.startTime is set by the kubelet after binding: a pod
+that waited in the gate longer than its duration would otherwise get an end in the past).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from api.constants import ANNOTATION_EXPECTED_DURATION
@@ -91,20 +96,60 @@ def _timestamp(value: object) -> float | None:
     return parsed.timestamp()
 
 
-def running_end(pod: Mapping[str, Any], now: float) -> float | None:
-    """When a pod that holds devices is expected to end: its start (status.startTime, else
-    metadata.creationTimestamp, else `now`) plus its annotated duration; None without a good one."""
+def running_end(pod: Mapping[str, Any], now: float, known: float | None = None) -> float | None:
+    """When a pod that holds devices (or is about to) is expected to end; None without a good hint.
+
+    Started (status.startTime): its start plus its annotated duration. Not started yet: `known`, the
+    end already recorded for it (its decision, or an earlier event), else a duration from `now` (it
+    cannot end earlier). Not from metadata.creationTimestamp: a pod that waited in the gate longer
+    than its duration would get an end in the past."""
     seconds, _ = pod_duration(pod)
     if seconds is None:
         return None
     began = _timestamp((pod.get("status") or {}).get("startTime"))
-    if began is None:
-        began = _timestamp((pod.get("metadata") or {}).get("creationTimestamp"))
-    return (now if began is None else began) + seconds
+    if began is not None:
+        return began + seconds
+    return known if known is not None else now + seconds
+
+
+class ClaimEnds:
+    """The expected end of every hinted pod, by the claims it references (claim key -> pod uid ->
+    end). A claim's end is the latest of its pods' (a shared claim is in use until its last hinted pod
+    ends); a pod's entries go when the pod does, so nothing outlives the pods that made it."""
+
+    __slots__ = ("_by_claim",)
+
+    def __init__(self) -> None:
+        self._by_claim: dict[str, dict[str, float]] = {}
+
+    def set(self, pod_uid: str, claim_keys: Iterable[str], end: float | None) -> None:
+        """The pod (referencing `claim_keys`) is expected to end at `end`; None: no (more) hint."""
+        for key in claim_keys:
+            pods = self._by_claim.get(key)
+            if end is not None:
+                self._by_claim.setdefault(key, {})[pod_uid] = end
+            elif pods is not None:
+                pods.pop(pod_uid, None)
+                if not pods:
+                    del self._by_claim[key]
+
+    def end(self, claim_key: str) -> float | None:
+        """The claim's expected end: the latest of its hinted pods'; None if none is hinted."""
+        pods = self._by_claim.get(claim_key)
+        return max(pods.values()) if pods else None
+
+    def of_pod(self, pod_uid: str, claim_keys: Iterable[str]) -> float | None:
+        """The end recorded for this pod (on any of its claims), if any."""
+        ends = [e for k in claim_keys if (e := self._by_claim.get(k, {}).get(pod_uid)) is not None]
+        return max(ends) if ends else None
+
+    def __len__(self) -> int:
+        return len(self._by_claim)
 
 
 __all__ = [
     "ACCEPTED_FORMS",
+    "ClaimEnds",
     "DurationError",
     "decision_hint",
     "parse_duration",

@@ -17,6 +17,12 @@ all-or-nothing and never-twice guarantees do not depend on the order. Pods whose
 yet go after the sized ones, oldest first. When capacity frees, the largest waiting pod that fits
 gets it first, and the smaller ones take what is left in the same step.
 
+Ageing: a pod pending longer than `age_first_after_s` (default driver/policy/batch.py
+`AGE_FIRST_AFTER_S`, 120 s) is decided before every younger pod, oldest first, so that a steady
+supply of larger pods cannot take every freed GPU from it; the gauge
+`flexmig_controller_oldest_pending_pod_seconds` shows the longest wait. Waits count from when this
+process first saw the pod gated (`Pending.first_seen`): a restarted controller starts them again.
+
 There is no gather window (holding new pods a few hundred ms so that a burst arriving over that time
 is ordered together): it would add its length to every pod's allocation latency and need the loop
 to wake up for it, for a gain only when pods become ready in the same fraction of a second. A step
@@ -42,7 +48,7 @@ from urllib3.exceptions import HTTPError
 
 from controller.allocation.allocate import Pending, PodAllocation, allocated_devices
 from controller.allocation.deallocate import deallocate, has_finalizer, needs_attention
-from controller.allocation.lifetime import running_end
+from controller.allocation.lifetime import ClaimEnds, running_end
 from controller.allocation.nodefilter import schedulable_view
 from controller.allocation.skips import SkipReporter
 from controller.claims.cel import CelEnvironment
@@ -54,7 +60,7 @@ from controller.runtime.metrics import ControllerMetrics, Snapshot, instance_row
 from controller.state.inventory import Inventory
 from controller.state.ledger import Ledger
 from driver.looprunner import LoopRunner
-from driver.policy.placer import Placer, Policy
+from driver.policy.placer import AGE_FIRST_AFTER_S, Placer, Policy
 
 log = structlog.get_logger(__name__)
 
@@ -77,8 +83,10 @@ class Controller(PodAllocation):
         policy: Policy | None = None,
         metrics: ControllerMetrics | None = None,
         is_leader: Callable[[], bool] = lambda: True,
+        age_first_after_s: float = AGE_FIRST_AFTER_S,
     ) -> None:
         self.cache = cache
+        self.age_first_after_s = age_first_after_s
         self.writer = writer
         self.placer = Placer(policy)
         self.metrics = metrics or ControllerMetrics()
@@ -94,9 +102,9 @@ class Controller(PodAllocation):
         self.claims_to_check: set[str] = set()
         self.pods_by_uid: dict[str, Obj] = {}
         self.live_refs = LiveRefs()
-        # Lifetime hints of running pods, by the claims they reference (claim key -> expected end), so
-        # the ledger knows the ends of existing allocations whichever of pod and claim is seen first.
-        self.claim_ends: dict[str, float] = {}
+        # Lifetime hints of decided and running pods, by the claims they reference, so the ledger
+        # knows the ends of allocations whichever of pod, claim and our own writes is seen first.
+        self.claim_ends = ClaimEnds()
         self.hint_warned: dict[str, str] = {}
         self.skips = SkipReporter(self.metrics)
         self.runner: LoopRunner | None = None
@@ -159,7 +167,11 @@ class Controller(PodAllocation):
                 self.ledger.forget(uid)
                 self.ledger.expect_end(uid, None)
             else:
-                self.ledger.expect_end(uid, self.claim_ends.get(key))
+                # Only a known end is given: no entry means no pod seen yet (the ledger may already
+                # hold the end of our own decision, whose write this may be), not "no hint".
+                end = self.claim_ends.end(key)
+                if end is not None:
+                    self.ledger.expect_end(uid, end)
                 self.ledger.observe(uid, allocated_devices(new), resource_version(new))
             if has_finalizer(obj):
                 self.claims_to_check.add(key)
@@ -176,13 +188,14 @@ class Controller(PodAllocation):
                 self.pending.pop(key, None)
                 self.hint_warned.pop(uid, None)
                 self.claims_to_check |= referenced_claims(obj)
-                self._hint_claims(referenced_claims(obj), None)
+                self._hint_claims(uid, referenced_claims(obj), None)
                 return False
             refs = referenced_claims(new)  # first: a pod it cannot read is skipped before it counts
             self.pods_by_uid[uid] = new
             self.live_refs.set(uid, refs)
             if not is_gated(new):  # a gated pod's hint is given when it is decided (allocate.py)
-                self._hint_claims(refs, running_end(new, time.time()))
+                known = self.claim_ends.of_pod(uid, refs)  # its decision's, until it starts
+                self._hint_claims(uid, refs, running_end(new, time.time(), known))
             if is_gated(new):
                 self.dirty.add(key)
                 self.pending.setdefault(key, Pending(time.monotonic()))
@@ -190,16 +203,14 @@ class Controller(PodAllocation):
                 self.pending.pop(key, None)
         return False
 
-    def _hint_claims(self, claim_keys: set[str], end: float | None) -> None:
-        """The expected end of the pod referencing these claims (None: none any more), to the ledger."""
+    def _hint_claims(self, pod_uid: str, claim_keys: set[str], end: float | None) -> None:
+        """The expected end of a pod referencing these claims (None: none any more); each claim's end
+        (the latest of its pods') to the ledger."""
+        self.claim_ends.set(pod_uid, claim_keys, end)
         for claim_key in claim_keys:
-            if end is None:
-                self.claim_ends.pop(claim_key, None)
-            else:
-                self.claim_ends[claim_key] = end
             claim = self.cache["resourceclaims"].get(claim_key)
             if claim is not None:
-                self.ledger.expect_end(str(claim["metadata"]["uid"]), end)
+                self.ledger.expect_end(str(claim["metadata"]["uid"]), self.claim_ends.end(claim_key))
 
     def _rebuild(self) -> None:
         started = time.monotonic()
@@ -275,13 +286,16 @@ class Controller(PodAllocation):
             log.exception("publishing metrics failed", error=str(exc))
 
     def _decision_order(self) -> list[str]:
-        """The dirty pods, in the order this step decides them: largest first, then oldest (see the
-        module docstring); pods whose size is not known yet after the others, oldest first."""
+        """The dirty pods, in the order this step decides them (see the module docstring): those
+        pending `age_first_after_s` or longer first, oldest first; then largest first, then oldest;
+        pods whose size is not known yet after the others, oldest first."""
+        now = time.monotonic()
         by_age = sorted(
-            self.dirty, key=lambda k: (self.pending[k].first_seen if k in self.pending else 0.0, k)
+            self.dirty, key=lambda k: (self.pending[k].first_seen if k in self.pending else now, k)
         )
         sizes = [self._pod_size(k) for k in by_age]
-        return [by_age[i] for i in self.placer.batch_order(sizes)]
+        waited = [now - self.pending[k].first_seen if k in self.pending else 0.0 for k in by_age]
+        return [by_age[i] for i in self.placer.batch_order(sizes, waited, self.age_first_after_s)]
 
     def _guard(self, stage: str, fn: Callable[[str], None], key: str) -> bool:
         """Run one reconcile; False when leadership was lost (stop writing at once)."""
@@ -310,6 +324,7 @@ class Controller(PodAllocation):
                 instances=tuple(instance_rows(self.cache["resourceclaims"].values(), pools)),
                 gated=gated,
                 shared=tuple(self.ledger.shared_states().values()),
+                oldest_pending_since=min((p.first_seen for p in self.pending.values()), default=None),
             )
         )
 

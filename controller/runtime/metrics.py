@@ -13,6 +13,7 @@ never sees half an update and never takes the controller's time).
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -48,6 +49,9 @@ class Snapshot:
     instances: tuple[tuple[str, ...], ...] = ()
     gated: Mapping[str, int] = field(default_factory=dict)
     shared: tuple[SharedGpuState, ...] = ()  # hami-core GPUs: capacity and what every claim's shares use
+    # time.monotonic() when the longest-pending gated pod was first seen (None: none pending); the
+    # wait is computed at scrape time, so it grows between snapshots as the pod keeps waiting.
+    oldest_pending_since: float | None = None
 
 
 def instance_rows(
@@ -103,6 +107,12 @@ class _SnapshotCollector(Collector):
         for reason, n in sorted(snap.gated.items()):
             gated.add_metric([reason], n)
         yield gated
+        since = snap.oldest_pending_since
+        yield GaugeMetricFamily(
+            "flexmig_controller_oldest_pending_pod_seconds",
+            "How long the longest-waiting gated pod has been pending (0 when none is)",
+            value=0.0 if since is None else max(0.0, time.monotonic() - since),
+        )
         free = GaugeMetricFamily(
             "flexmig_free_placements",
             "Free legal placements per profile and node",

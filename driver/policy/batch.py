@@ -9,6 +9,12 @@ pods arrived in that order. `place_batch` restores the caller's state before ret
 `Policy.place`, it decides and changes nothing; the caller commits the placements it keeps (all of
 them in order, or re-deciding whatever it drops). The controller uses only the order (`size_order`,
 through driver/policy/placer.py): it decides and commits its pods one at a time, in that order.
+
+Ageing: largest first alone can starve a pod. When capacity frees, a larger pod arriving in the
+meantime is decided first and takes it; a steady supply of them keeps a mid-sized pod waiting for
+ever. So a pod that has waited `AGE_FIRST_AFTER_S` or longer goes before every younger one, oldest
+first (`size_order`'s `waited`); the rest stay largest first. Ageing orders, it does not reserve: an
+old pod that does not fit yet leaves what frees to the younger ones decided after it.
 """
 
 from __future__ import annotations
@@ -33,11 +39,37 @@ class PodSize:
         return cls(sum(r.memory_mib for r in requests), len(requests))
 
 
-def size_order(sizes: Sequence[PodSize | None]) -> list[int]:
+AGE_FIRST_AFTER_S = 120.0
+"""A pod pending this long is decided before all younger ones. Far above what an ordinary burst
+waits (it is decided in the step it arrives in, or when capacity next frees), so the packing order
+holds for it; short enough that a pod passed over by larger ones waits minutes, not for ever. The
+controller re-decides every waiting pod at least every 30 s (controller/allocation/loop.py
+`RESYNC_S`): by then a pod has had several chances on the largest-first order."""
+
+
+def size_order(
+    sizes: Sequence[PodSize | None],
+    waited: Sequence[float] | None = None,
+    age_first_after_s: float = AGE_FIRST_AFTER_S,
+) -> list[int]:
     """Indices of `sizes`, most memory first, then most devices, then input order (stable); pods of
-    unknown size (None) after all known ones, in input order."""
-    known = sorted((-s.memory_mib, -s.devices, i) for i, s in enumerate(sizes) if s is not None)
-    return [i for _, _, i in known] + [i for i, s in enumerate(sizes) if s is None]
+    unknown size (None) after all known ones, in input order.
+
+    `waited` (seconds each pod has been pending, same length): the pods that waited at least
+    `age_first_after_s` come before all others, longest wait first (ties: input order), whatever
+    their size (known or not)."""
+    if waited is not None and len(waited) != len(sizes):
+        raise ValueError(f"{len(waited)} waits for {len(sizes)} pods")
+    aged = sorted(
+        (i for i in range(len(sizes)) if waited is not None and waited[i] >= age_first_after_s),
+        key=lambda i: (-waited[i] if waited is not None else 0.0, i),
+    )
+    first = set(aged)
+    known = sorted(
+        (-s.memory_mib, -s.devices, i) for i, s in enumerate(sizes) if s is not None and i not in first
+    )
+    unknown = [i for i, s in enumerate(sizes) if s is None and i not in first]
+    return aged + [i for _, _, i in known] + unknown
 
 
 def batch_order(pods: Sequence[Sequence[DeviceRequest]]) -> list[int]:

@@ -8,7 +8,8 @@ A pod's devices are of three kinds, each with its own rule, and a burst of pods 
   `Placer.share_nodes`, `Placer.shares_on`, `Placer.explain_shares`);
 - whole GPUs: the idle GPU whose loss costs future MIG placements the least (driver/policy/whole.py;
   `Placer.whole_nodes`, `Placer.whole_on`, `Placer.explain_whole`, priced by `mig_cost`);
-- several pending pods: decided largest first (driver/policy/batch.py; `Placer.batch_order`).
+- several pending pods: decided largest first, except that pods pending longer than
+  `AGE_FIRST_AFTER_S` go first, oldest first (driver/policy/batch.py; `Placer.batch_order`).
 
 The controller (controller/allocation/decide.py and controller/allocation/wholeplan.py combine the
 kinds on one node; controller/allocation/loop.py orders the pods) imports placement from this module
@@ -24,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 
 from driver.policy import shared, whole
 from driver.policy.allocator import PackingPolicy, Policy
-from driver.policy.batch import PodSize, size_order
+from driver.policy.batch import AGE_FIRST_AFTER_S, PodSize, size_order
 from driver.policy.cluster import ClusterState
 from driver.policy.model import DeviceRequest, GpuRef, Placement
 from driver.policy.sharemodel import SharedGpuState, SharePick, SharePlacement, ShareRequest
@@ -112,10 +113,15 @@ class Placer:
     # --- several pods -------------------------------------------------------------------------------
 
     @staticmethod
-    def batch_order(sizes: Sequence[PodSize | None]) -> list[int]:
-        """The order to decide pending pods in: largest first (memory, then devices), then input
-        order; pods of unknown size last, in input order."""
-        return size_order(sizes)
+    def batch_order(
+        sizes: Sequence[PodSize | None],
+        waited: Sequence[float] | None = None,
+        age_first_after_s: float = AGE_FIRST_AFTER_S,
+    ) -> list[int]:
+        """The order to decide pending pods in: those that waited `age_first_after_s` or longer
+        first, longest wait first (so that larger pods cannot starve them); then largest first
+        (memory, then devices), then input order; pods of unknown size last, in input order."""
+        return size_order(sizes, waited, age_first_after_s)
 
 
-__all__ = ["Placer", "PodSize", "Policy", "ShareNodeKey", "mig_cost"]
+__all__ = ["AGE_FIRST_AFTER_S", "Placer", "PodSize", "Policy", "ShareNodeKey", "mig_cost"]

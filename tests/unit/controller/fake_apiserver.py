@@ -181,12 +181,15 @@ class Harness:
     def add_claim(self, claim: Obj) -> Obj:
         return self.api.put_object("resourceclaims", claim)
 
-    def add_pod(self, name: str, claims: Iterable[str], ns: str = "ns") -> Obj:
+    def add_pod(
+        self, name: str, claims: Iterable[str], ns: str = "ns", metadata: Mapping[str, Any] | None = None
+    ) -> Obj:
+        """A gated pod referencing `claims`; `metadata` adds fields (annotations, creationTimestamp)."""
         names = list(claims)
         return self.api.put_object(
             "pods",
             {
-                "metadata": {"name": name, "namespace": ns, "uid": f"pod-{name}"},
+                "metadata": {"name": name, "namespace": ns, "uid": f"pod-{name}", **(metadata or {})},
                 "spec": {
                     "schedulingGates": [{"name": ALLOCATION_GATE}],
                     "resourceClaims": [{"name": c, "resourceClaimName": c} for c in names],

@@ -1,8 +1,10 @@
 """Issue 12: the pods dirty in one step are decided largest first (controller/allocation/loop.py,
-driver/policy/placer.py `Placer.batch_order`), sizes read by controller/allocation/podsize.py."""
+driver/policy/placer.py `Placer.batch_order`), sizes read by controller/allocation/podsize.py; a pod
+pending longer than `AGE_FIRST_AFTER_S` goes before all younger ones (ageing)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,7 +24,7 @@ from controller.claims.requests import CandidateIndex
 from controller.kube.watchcache import Event
 from controller.state.inventory import Inventory
 from driver.catalog.simulated import simulated_catalog
-from driver.policy.placer import Placer, PodSize
+from driver.policy.placer import AGE_FIRST_AFTER_S, Placer, PodSize
 
 A100 = {p.name: p.memory_mib for p in simulated_catalog("A100-40GB").profiles}
 
@@ -33,7 +35,11 @@ class AgeOrder(Placer):
     __slots__ = ()
 
     @staticmethod
-    def batch_order(sizes: Sequence[PodSize | None]) -> list[int]:
+    def batch_order(
+        sizes: Sequence[PodSize | None],
+        waited: Sequence[float] | None = None,
+        age_first_after_s: float = AGE_FIRST_AFTER_S,
+    ) -> list[int]:
         return list(range(len(sizes)))
 
 
@@ -80,8 +86,9 @@ def test_the_order_is_memory_then_devices_then_age_and_unsized_pods_go_last() ->
     h.deliver()
     h.cycle()
     ages = {"waiting": 0.0, "p0": 1.0, "p1": 2.0, "p2": 3.0, "p3": 4.0}
+    base = time.monotonic() - 60.0  # all waited about a minute: none is old enough to go first
     for name, first_seen in ages.items():
-        h.ctl.pending[f"ns/{name}"].first_seen = first_seen
+        h.ctl.pending[f"ns/{name}"].first_seen = base + first_seen
     h.ctl.dirty = {f"ns/{n}" for n in ages}
     order = [k.removeprefix("ns/") for k in h.ctl._decision_order()]
     # p2: one 2g.10gb (9856 MiB) > p1, p3: two 1g.5gb (9728 MiB), p1 older > p0: one 1g.5gb > unknown
@@ -149,3 +156,68 @@ def test_pod_size_is_unknown_for_claims_missing_or_refused() -> None:
     assert pod_size(_pod("x"), {"ns/x": no_class}, CLASSES, index) is None
     too_big = claim("y", mem(90000))  # no A100-40GB profile is that large: nothing matches
     assert pod_size(_pod("y"), {"ns/y": too_big}, CLASSES, index) is None
+
+
+class _Clock:
+    """time.monotonic for the controller: the test moves it."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+LARGE = 39000  # MiB: only 7g.40gb holds it, the whole A100-40GB
+MID = 19000  # MiB: a 3g.20gb
+
+
+def _oldest_pending_s(h: Harness) -> float | None:
+    return h.ctl.metrics.registry.get_sample_value("flexmig_controller_oldest_pending_pod_seconds")
+
+
+@pytest.mark.parametrize("ageing", [True, False])
+def test_a_steady_supply_of_large_pods_cannot_starve_an_old_mid_sized_pod(
+    monkeypatch: pytest.MonkeyPatch, ageing: bool
+) -> None:
+    """One A100-40GB held by a 7g.40gb pod; a 3g.20gb pod waits. Every 30 s the running large pod
+    ends and a new large pod arrives: largest first hands it the freed GPU each time. Once the mid
+    pod has waited AGE_FIRST_AFTER_S it is decided first and gets its instance (without ageing, the
+    premise: it never does)."""
+    clock = _Clock()
+    monkeypatch.setattr(time, "monotonic", clock)
+    h = Harness({"n1": ("A100-40GB", 1)})
+    if not ageing:
+        h.ctl.age_first_after_s = float("inf")
+    h.add_claim(claim("big0", mem(LARGE)))
+    h.add_pod("big0", ["big0"])
+    h.deliver()
+    h.cycle()
+    assert not h.gated("big0")
+    clock.now += 1.0
+    h.add_claim(claim("mid", mem(MID)))
+    h.add_pod("mid", ["mid"])
+    h.deliver()
+    h.cycle()
+    assert h.gated("mid")
+    assert _oldest_pending_s(h) == 0.0
+    rounds = int(AGE_FIRST_AFTER_S // 30) + 2
+    for r in range(1, rounds + 1):
+        clock.now += 30.0
+        waited = 30.0 * r
+        assert _oldest_pending_s(h) == waited
+        h.api.delete_object("pods", f"ns/big{r - 1}")  # the running large pod ends ...
+        h.add_claim(claim(f"big{r}", mem(LARGE)))  # ... as a new one arrives
+        h.add_pod(f"big{r}", [f"big{r}"])
+        h.deliver()
+        h.cycle()  # the new pod does not fit yet; the ended pod's claim is deallocated
+        h.deliver()
+        h.cycle()  # every waiting pod decided on the freed GPU
+        if ageing and waited >= AGE_FIRST_AFTER_S:
+            assert not h.gated("mid") and h.gated(f"big{r}"), f"round {r}"
+            assert _oldest_pending_s(h) == 0.0  # the waiting large pod was first seen just now
+            break
+        assert h.gated("mid") and not h.gated(f"big{r}"), f"round {r}"
+    else:
+        assert not ageing, "the mid-sized pod was never decided first"
+    assert not h.api.audit()
