@@ -5,6 +5,9 @@ node. The other DaemonSets here are placed by the real DaemonSet controller (and
 Node objects the tests create; nothing runs their pods (no kubelet), which is all the check reads:
 each pod's node, or, while a DaemonSet has no pods, its node selector. Every other DaemonSet selects
 only this test's nodes by a label of its own, so nodes of other tests cannot change the outcome.
+While no node is one flexmig's plugin would run on, the check cannot tell and refuses wherever the
+other one runs; so the cases that pass keep a node for flexmig that the other one avoids, and the
+cases of no such node point flexmig at a label of their own that no node has.
 
 Installs that must succeed are real (`helm install`) where the point is the install, and otherwise
 `helm template --dry-run=server`, which runs the same `lookup`s and leaves nothing to remove.
@@ -181,6 +184,7 @@ def test_daemonset_on_a_node_without_gpu_labels_installs(control_plane: ControlP
     with (
         control_plane.api_client() as api,
         device_classes_restored(Raw(api)),
+        # `gpu` is flexmig's: without it no node would be, and the check would refuse (next tests).
         _nodes(k8s.CoreV1Api(api), {gpu: GPU, cpu: {MARK: suffix}}),
         _foreign(api, other, "nvidia-device-plugin-daemonset", NVIDIA, {MARK: suffix}, on_nodes={cpu}),
     ):
@@ -277,3 +281,62 @@ def test_daemonset_without_pods_is_judged_by_its_node_selector(control_plane: Co
         )
         assert f"{expected}: {shared}." in refused.stderr, refused.stderr
         assert _template(control_plane, "--set", "preflight.allowCoexistence=true").returncode == 0
+
+
+def test_no_node_for_flexmig_refuses_while_another_runs(control_plane: ControlPlane) -> None:
+    """GPU nodes still to come (a pool scaling from zero, labels not yet set): the chart cannot tell
+    whether the other one will share them with flexmig, so it refuses until told."""
+    suffix = uuid.uuid4().hex[:6]
+    cpu, own = f"pf-c-{suffix}", f"pf-o-{suffix}"
+    release, other, ds_name = f"pf-none-{suffix}", f"pf-nvidia-{suffix}", "nvidia-device-plugin-daemonset"
+    # flexmig's plugin is pointed at a label no node has yet (and the default GPU affinity): none runs it.
+    nowhere = ("--set-json", f"kubeletPlugin.nodeSelector={json.dumps({POOL: suffix})}")
+    with (
+        control_plane.api_client() as api,
+        device_classes_restored(Raw(api)),
+        _nodes(k8s.CoreV1Api(api), {cpu: {MARK: suffix}}),
+        _foreign(api, other, ds_name, NVIDIA, {MARK: suffix}, on_nodes={cpu}),
+    ):
+        refused = _template(control_plane, *nowhere)
+        assert refused.returncode != 0
+        expected = (
+            f"preflight: NVIDIA's device plugin (daemonset {other}/{ds_name}) runs on 1 node: {cpu}; and no "
+            "current node is one flexmig's kubelet plugin would run on"
+        )
+        assert expected in refused.stderr, refused.stderr
+        assert "so the chart cannot tell whether they will share nodes" in refused.stderr, refused.stderr
+        assert "--set preflight.allowCoexistence=true" in refused.stderr, refused.stderr
+
+        args = ("install", release, str(CHART), "-n", release, "--create-namespace", "--take-ownership")
+        try:
+            control_plane.helm(*args, *WEBHOOK_ON, *nowhere, "--set", "preflight.allowCoexistence=true")
+            assert control_plane.helm("status", release, "-n", release, check=False).returncode == 0
+        finally:
+            control_plane.helm("uninstall", release, "-n", release, "--wait", "--timeout", "2m", check=False)
+            with contextlib.suppress(ApiException):
+                delete_namespace(api, release)
+
+        # Once a node of flexmig's exists, the check judges per node again: the other one avoids it.
+        with _nodes(k8s.CoreV1Api(api), {own: {**GPU, POOL: suffix}}):
+            passed = _template(control_plane, *nowhere)
+            assert passed.returncode == 0, passed.stderr
+
+
+def test_no_node_for_flexmig_and_another_scheduled_nowhere_refuses(control_plane: ControlPlane) -> None:
+    """Another manager scheduled to no node while no node is flexmig's either (a GPU pool that scales
+    from zero): both would arrive with the first GPU node, so the chart refuses until confirmed."""
+    suffix = uuid.uuid4().hex[:6]
+    other, ds_name = f"pf-mig-{suffix}", "nvidia-mig-manager"
+    nowhere = ("--set-json", f"kubeletPlugin.nodeSelector={json.dumps({POOL: suffix})}")
+    with (
+        control_plane.api_client() as api,
+        _foreign(api, other, ds_name, MIG_MANAGER, {MARK: suffix}, on_nodes=set()),
+    ):
+        ds = Raw(api).request("GET", f"/apis/apps/v1/namespaces/{other}/daemonsets/{ds_name}")
+        assert ds["status"].get("desiredNumberScheduled", 0) == 0, ds["status"]
+        refused = _template(control_plane, *nowhere)
+        assert refused.returncode != 0, refused.stdout
+        assert f"{other}/{ds_name}) exists, scheduled to no node yet" in refused.stderr, refused.stderr
+        assert "no current node is one flexmig's kubelet plugin would run on" in refused.stderr
+        confirmed = _template(control_plane, *nowhere, "--set", "preflight.allowCoexistence=true")
+        assert confirmed.returncode == 0, confirmed.stderr

@@ -113,13 +113,12 @@ affinity restricts nodes). */}}
 {{- if $ok }}true{{ end -}}
 {{- end -}}
 
-{{- /* flexmig's kubelet plugin DaemonSet (kubeletplugin.yaml) would run on a node: its nodeSelector,
-and its affinity or the default one. Arguments: dict "root" (the chart's context), "node". */}}
-{{- define "flexmig.preflight.pluginRunsOn" -}}
-{{- $p := .root.Values.kubeletPlugin -}}
-{{- $affinity := $p.affinity -}}
-{{- if not $affinity }}{{ $affinity = include "flexmig.pluginDefaultAffinity" .root | fromYaml }}{{ end -}}
-{{- include "flexmig.preflight.selects" (dict "node" .node "nodeSelector" $p.nodeSelector "affinity" $affinity) -}}
+{{- /* A DaemonSet's status, current for its generation, says it wants no node. Argument: the
+DaemonSet. */}}
+{{- define "flexmig.preflight.wantsNoNode" -}}
+{{- $status := .status | default dict -}}
+{{- $current := and (hasKey $status "observedGeneration") (ge (int64 $status.observedGeneration) (int64 (.metadata.generation | default 0))) -}}
+{{- if and $current (eq (int64 ($status.desiredNumberScheduled | default 0)) 0) }}true{{ end -}}
 {{- end -}}
 
 {{- /* The nodes a DaemonSet runs on or is about to, as a JSON list of names. Its pods say where: the
@@ -128,7 +127,9 @@ to (a metadata.name field term). Without pods (just created, or the controller c
 its pod template's node selection is evaluated against every node, unless its status, current for
 its generation, says it wants no node. Arguments: dict "ds", "pods" (its namespace's), "nodes". */}}
 {{- define "flexmig.preflight.daemonSetNodes" -}}
-{{- $names := list -}}
+{{- /* A set, not a list: sprig's append copies the list and uniq compares every pair, quadratic in
+the nodes of a large cluster. */ -}}
+{{- $names := dict -}}
 {{- $uid := .ds.metadata.uid -}}
 {{- $owned := false -}}
 {{- range $pod := .pods -}}
@@ -136,12 +137,12 @@ its generation, says it wants no node. Arguments: dict "ds", "pods" (its namespa
 {{- if eq $ref.uid $uid -}}
 {{- $owned = true -}}
 {{- if $pod.spec.nodeName -}}
-{{- $names = append $names $pod.spec.nodeName -}}
+{{- $_ := set $names $pod.spec.nodeName true -}}
 {{- else -}}
 {{- range $term := (dig "affinity" "nodeAffinity" "requiredDuringSchedulingIgnoredDuringExecution" "nodeSelectorTerms" list $pod.spec) -}}
 {{- range $field := ($term.matchFields | default list) -}}
 {{- if and (eq $field.key "metadata.name") (eq $field.operator "In") -}}
-{{- range ($field.values | default list) }}{{ $names = append $names . }}{{ end -}}
+{{- range ($field.values | default list) }}{{ $_ := set $names (toString .) true }}{{ end -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
@@ -149,60 +150,79 @@ its generation, says it wants no node. Arguments: dict "ds", "pods" (its namespa
 {{- end -}}
 {{- end -}}
 {{- end -}}
-{{- if not $owned -}}
-{{- $status := .ds.status | default dict -}}
-{{- $current := and (hasKey $status "observedGeneration") (ge (int64 $status.observedGeneration) (int64 (.ds.metadata.generation | default 0))) -}}
-{{- $wantsNone := and $current (eq (int64 ($status.desiredNumberScheduled | default 0)) 0) -}}
-{{- if not $wantsNone -}}
+{{- if and (not $owned) (ne (include "flexmig.preflight.wantsNoNode" .ds) "true") -}}
 {{- $podSpec := .ds.spec.template.spec -}}
 {{- range $node := .nodes -}}
 {{- if eq (include "flexmig.preflight.selects" (dict "node" $node "nodeSelector" $podSpec.nodeSelector "affinity" $podSpec.affinity)) "true" -}}
-{{- $names = append $names $node.metadata.name -}}
+{{- $_ := set $names $node.metadata.name true -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
-{{- end -}}
-{{- $names | uniq | toJson -}}
+{{- keys $names | sortAlpha | toJson -}}
 {{- end -}}
 
-{{- /* Every other GPU manager that shares a node with flexmig's kubelet plugin, one sentence each,
-as a JSON list; empty with preflight.allowCoexistence or without the plugin. Nodes and each
-namespace's pods are read (`lookup`) only once a DaemonSet of another manager is found. Argument:
-the chart's context. */}}
-{{- define "flexmig.preflight.conflicts" -}}
+{{- /* Up to 3 node names, sorted, then how many more. Argument: a list of names. */}}
+{{- define "flexmig.preflight.someNodes" -}}
+{{- $sorted := sortAlpha . -}}
+{{- join ", " (slice $sorted 0 (min 3 (len $sorted))) -}}
+{{- if gt (len $sorted) 3 }} and {{ sub (len $sorted) 3 }} more{{ end -}}
+{{- end -}}
+
+{{- /* The judgement on data already read, as JSON: "conflicts", one sentence per other GPU manager
+that shares a node with flexmig's kubelet plugin, and "noPluginNode", true when no current node is
+one flexmig's plugin would run on. Then the chart cannot tell whether the two will share nodes once
+GPU nodes join (a node pool autoscaling from zero) or get their labels (Node Feature Discovery, the
+GPU Operator), so every other manager counts unless its status says it runs on no node. flexmig's
+node selection is taken once (the default affinity parsed once, each node judged once), not per
+DaemonSet and node. Arguments: dict "plugin" (Values.kubeletPlugin), "defaultAffinity" (parsed),
+"daemonSets" (the other managers' only), "pods" (namespace -> its pods), "nodes". */}}
+{{- define "flexmig.preflight.judge" -}}
+{{- $affinity := .plugin.affinity | default .defaultAffinity -}}
+{{- $pluginNodes := dict -}}
+{{- range $node := .nodes -}}
+{{- if eq (include "flexmig.preflight.selects" (dict "node" $node "nodeSelector" $.plugin.nodeSelector "affinity" $affinity)) "true" -}}
+{{- $_ := set $pluginNodes $node.metadata.name true -}}
+{{- end -}}
+{{- end -}}
 {{- $found := list -}}
-{{- if and (not .Values.preflight.allowCoexistence) .Values.kubeletPlugin.enabled -}}
-{{- $byName := dict -}}
-{{- $nodes := list -}}
-{{- $nodesRead := false -}}
-{{- $podsByNamespace := dict -}}
-{{- range $ds := ((lookup "apps/v1" "DaemonSet" "" "").items | default list) -}}
+{{- range $ds := .daemonSets -}}
 {{- $what := include "flexmig.preflight.foreignManager" $ds -}}
-{{- if $what -}}
-{{- if not $nodesRead -}}
-{{- $nodes = (lookup "v1" "Node" "" "").items | default list -}}
-{{- range $nodes }}{{ $_ := set $byName .metadata.name . }}{{ end -}}
-{{- $nodesRead = true -}}
-{{- end -}}
 {{- $ns := $ds.metadata.namespace -}}
-{{- if not (hasKey $podsByNamespace $ns) -}}
-{{- $_ := set $podsByNamespace $ns ((lookup "v1" "Pod" $ns "").items | default list) -}}
-{{- end -}}
-{{- $shared := list -}}
-{{- range $name := (include "flexmig.preflight.daemonSetNodes" (dict "ds" $ds "pods" (get $podsByNamespace $ns) "nodes" $nodes) | fromJsonArray) -}}
-{{- $node := get $byName $name -}}
-{{- if and $node (eq (include "flexmig.preflight.pluginRunsOn" (dict "root" $ "node" $node)) "true") -}}
-{{- $shared = append $shared $name -}}
-{{- end -}}
-{{- end -}}
+{{- $where := include "flexmig.preflight.daemonSetNodes" (dict "ds" $ds "pods" (get $.pods $ns | default list) "nodes" $.nodes) | fromJsonArray -}}
+{{- if $pluginNodes -}}
+{{- $shared := dict -}}
+{{- range $name := $where }}{{ if hasKey $pluginNodes $name }}{{ $_ := set $shared $name true }}{{ end }}{{ end -}}
 {{- if $shared -}}
-{{- $shared = sortAlpha $shared -}}
-{{- $shown := join ", " (slice $shared 0 (min 3 (len $shared))) -}}
-{{- if gt (len $shared) 3 }}{{ $shown = printf "%s and %d more" $shown (sub (len $shared) 3) }}{{ end -}}
-{{- $found = append $found (printf "%s (daemonset %s/%s) runs on %d of flexmig's GPU nodes: %s" $what $ns $ds.metadata.name (len $shared) $shown) -}}
+{{- $found = append $found (printf "%s (daemonset %s/%s) runs on %d of flexmig's GPU nodes: %s" $what $ns $ds.metadata.name (len $shared) (include "flexmig.preflight.someNodes" (keys $shared))) -}}
+{{- end -}}
+{{- else if $where -}}
+{{- $found = append $found (printf "%s (daemonset %s/%s) runs on %d %s: %s" $what $ns $ds.metadata.name (len $where) (ternary "node" "nodes" (eq (len $where) 1)) (include "flexmig.preflight.someNodes" $where)) -}}
+{{- else -}}
+{{- /* Scheduled nowhere now, like flexmig: a GPU pool that scales from zero brings both at once. */ -}}
+{{- $found = append $found (printf "%s (daemonset %s/%s) exists, scheduled to no node yet" $what $ns $ds.metadata.name) -}}
 {{- end -}}
 {{- end -}}
+{{- dict "conflicts" $found "noPluginNode" (not $pluginNodes) | toJson -}}
+{{- end -}}
+
+{{- /* The preflight judgement of the live cluster (see flexmig.preflight.judge), or nothing with
+preflight.allowCoexistence or without the plugin. Nodes and the namespaces' pods are read
+(`lookup`) only once a DaemonSet of another manager is found. Argument: the chart's context. */}}
+{{- define "flexmig.preflight.conflicts" -}}
+{{- if and (not .Values.preflight.allowCoexistence) .Values.kubeletPlugin.enabled -}}
+{{- $foreign := list -}}
+{{- range $ds := ((lookup "apps/v1" "DaemonSet" "" "").items | default list) -}}
+{{- if include "flexmig.preflight.foreignManager" $ds }}{{ $foreign = append $foreign $ds }}{{ end -}}
+{{- end -}}
+{{- if $foreign -}}
+{{- $pods := dict -}}
+{{- range $ds := $foreign -}}
+{{- $ns := $ds.metadata.namespace -}}
+{{- if not (hasKey $pods $ns) }}{{ $_ := set $pods $ns ((lookup "v1" "Pod" $ns "").items | default list) }}{{ end -}}
+{{- end -}}
+{{- $nodes := (lookup "v1" "Node" "" "").items | default list -}}
+{{- $defaultAffinity := include "flexmig.pluginDefaultAffinity" . | fromYaml -}}
+{{- include "flexmig.preflight.judge" (dict "plugin" .Values.kubeletPlugin "defaultAffinity" $defaultAffinity "daemonSets" $foreign "pods" $pods "nodes" $nodes) -}}
 {{- end -}}
 {{- end -}}
-{{- $found | toJson -}}
 {{- end -}}
