@@ -14,9 +14,14 @@ threads calling `unprepare`; each call's latency is measured around the call.
 
 Columns: latency percentiles; `nvml p99`: time a claim spent inside NVML calls (the simulator's work,
 its locks and its configured latency); `rest p99`: latency minus that (the plugin's own code,
-checkpoint and CDI fsyncs, waiting for the claim's GPU locks); `writes/fsync`: checkpoint updates per
-durable checkpoint write (group commit makes it > 1). At latency zero the whole latency is the plugin's
-overhead.
+checkpoint fsyncs, waiting for the claim's GPU locks, and waiting for the interpreter lock while the
+other claims' threads run, the in-process simulator's included); `cpu/claim`: the process's CPU time
+over the prepare rounds per claim (plugin, simulator and the benchmark's threads; N claims sent at
+once cannot all finish before about N times this, since one interpreter runs them); `fsync/claim`:
+fsync calls (file and directory, checkpoint and CDI) during the prepare rounds per claim; `writes/fsync`:
+checkpoint updates per durable checkpoint write (group commit makes it > 1; the GI/CI ids, not waited
+for, ride along with the next durable write). At latency zero the whole latency is the plugin's
+overhead plus the simulator's CPU.
 
 Simulator modes: `file` (every NVML call a locked transaction on one state file for the whole node)
 and `memory` (in-process state, per-GPU locks, latency slept per GPU). Latency profiles: `zero`, and
@@ -115,6 +120,8 @@ class Result:
     unprep: list[float]
     prep_nvml: list[float]
     unprep_nvml: list[float]
+    prep_cpu: float
+    prep_fsyncs: int
     writes: int
     commits: int
     errors: list[str]
@@ -145,6 +152,25 @@ def _quiet_stderr() -> Iterator[None]:
             yield
         finally:
             sys.stderr = saved
+
+
+@contextlib.contextmanager
+def _counting_fsyncs() -> Iterator[list[int]]:
+    """Count os.fsync calls (file and directory) made meanwhile, by any thread."""
+    count = [0]
+    real = os.fsync
+    lock = threading.Lock()
+
+    def fsync(fd: Any) -> None:
+        with lock:
+            count[0] += 1
+        real(fd)
+
+    os.fsync = fsync
+    try:
+        yield count
+    finally:
+        os.fsync = real
 
 
 def _all_at_once(calls: list[Callable[[], T]]) -> list[tuple[float, float, T]]:
@@ -208,15 +234,25 @@ def run_scenario(workdir: Path, mode: str, gpus: int, claims: int, latency: str,
             "bench", f"c{i}", uid, (result,), (PodRef("bench", f"p{i}", f"pod-{i}"),)
         )
         refs.append(ClaimRef(namespace="bench", uid=uid, name=f"c{i}"))
-    res = Result([], [], [], [], 0, 0, [])
-    # Count checkpoint updates, to show how many shared one durable write.
+    res = Result([], [], [], [], 0.0, 0, 0, 0, [])
+    # Count checkpoint updates, to show how many shared one durable write. (A store without `begin`,
+    # before changes could be begun and finished apart, counts each `update`.)
     real_update = store.update
+    real_begin = getattr(store, "begin", None)
 
-    def counted_update(mutate: Callable[[Any], T]) -> T:
+    def counted_update(mutate: Callable[[Any], T], **kw: Any) -> T:
+        if real_begin is None or not kw.get("wait", True):  # else counted by begin
+            res.writes += 1
+        return real_update(mutate, **kw)
+
+    def counted_begin(mutate: Callable[[Any], T]) -> Any:
         res.writes += 1
-        return real_update(mutate)
+        assert real_begin is not None
+        return real_begin(mutate)
 
     store.update = counted_update  # type: ignore[method-assign]
+    if real_begin is not None:
+        store.begin = counted_begin  # type: ignore[method-assign]
     try:
         with _quiet_stderr():
             # Warm-up: first-call costs (imports, profile caches) are not latency.
@@ -224,7 +260,11 @@ def run_scenario(workdir: Path, mode: str, gpus: int, claims: int, latency: str,
             preparer.unprepare([refs[0]])
             res.writes, commits_before = 0, getattr(store, "commits", 0)
             for _ in range(rounds):
-                done = _all_at_once([functools.partial(_prepare_error, preparer, r) for r in refs])
+                cpu = time.process_time()
+                with _counting_fsyncs() as fsyncs:
+                    done = _all_at_once([functools.partial(_prepare_error, preparer, r) for r in refs])
+                res.prep_cpu += time.process_time() - cpu
+                res.prep_fsyncs += fsyncs[0]
                 res.errors += [e for _, _, e in done if e]
                 res.prep += [t for t, _, _ in done]
                 res.prep_nvml += [n for _, n, _ in done]
@@ -254,7 +294,9 @@ def _row(mode: str, gpus: int, claims: int, latency: str, res: Result) -> str:
     return (
         f"| {mode} | {latency} | {gpus} | {claims} | {_ms(statistics.median(res.prep))} |"
         f" {_ms(_pct(res.prep, 0.99))} | {_ms(_pct(res.prep_nvml, 0.99))} | {_ms(_pct(rest, 0.99))} |"
-        f" {_ms(statistics.median(res.unprep))} | {_ms(_pct(res.unprep, 0.99))} | {per_write} |"
+        f" {_ms(res.prep_cpu / len(res.prep))} | {res.prep_fsyncs / len(res.prep):.1f} |"
+        f" {_ms(statistics.median(res.unprep))} |"
+        f" {_ms(_pct(res.unprep, 0.99))} | {per_write} |"
     )
 
 
@@ -315,10 +357,10 @@ def main() -> int:
         f"\nprepare/unprepare latency (ms), {args.rounds} rounds, A100-40GB, 1g.5gb claims all sent at once"
     )
     print(
-        "| sim | NVML latency | GPUs | claims | prep p50 | prep p99 | nvml p99 | rest p99 |"
-        " unprep p50 | unprep p99 | writes/fsync |"
+        "| sim | NVML latency | GPUs | claims | prep p50 | prep p99 | nvml p99 | rest p99 | cpu/claim |"
+        " fsync/claim | unprep p50 | unprep p99 | writes/fsync |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
     return 1 if failed else 0
 

@@ -195,6 +195,28 @@ def _canonical(payload: Mapping[str, Any]) -> bytes:
     return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
+def claim_entry(uid: str, c: ClaimCheckpoint) -> str:
+    """One claim as it stands in the canonical `claims` object, `"<uid>":{...}`: the text
+    `checkpoint_bytes` joins (a store caches it per claim)."""
+    text = json.dumps(_claim_to_json(c), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return f"{json.dumps(uid)}:{text}"
+
+
+def checkpoint_bytes(boot_id: str, entries: Mapping[str, str]) -> bytes:
+    """The file's bytes from each claim's `claim_entry` text (uid -> text).
+
+    The same document as `checkpoint_to_json`, written in canonical form, so the checksum is taken
+    over text that already exists instead of re-encoding every claim: a store writing the whole file
+    for each batch of changes then pays per changed claim, not per claim. Top-level keys in sorted
+    order (bootID < checksum < claims < version), as `_canonical` orders them.
+    """
+    body = ",".join(entries[uid] for uid in sorted(entries))
+    head = '{"bootID":' + json.dumps(boot_id)
+    tail = ',"claims":{' + body + '},"version":' + json.dumps(CHECKPOINT_VERSION) + "}"
+    checksum = hashlib.sha256((head + tail).encode()).hexdigest()
+    return (head + ',"checksum":"' + checksum + '"' + tail + "\n").encode()
+
+
 def checkpoint_to_json(cp: Checkpoint) -> dict[str, Any]:
     payload: dict[str, Any] = {
         "version": CHECKPOINT_VERSION,

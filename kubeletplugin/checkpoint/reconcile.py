@@ -6,7 +6,9 @@
 2. Every `PrepareCompleted` claim is looked up in the API. If the claim is gone or was replaced (UID
    changed), nothing owns its instances any more: they are destroyed. If it exists, its instances are
    adopted as they are (missing ones are logged: the unprepare kubelet will send treats them as gone).
-   When the API cannot answer, the claim is kept: never destroy on uncertainty.
+   When the API cannot answer, the claim is kept: never destroy on uncertainty. Every claim kept has
+   its CDI spec rewritten from the checkpoint and fsynced: prepare renames the spec into place
+   without an fsync, so this is what makes a kept claim's spec durable.
 3. Every GI on the node that no remaining checkpoint record accounts for was not created by this
    plugin (or was created by us for a claim we already cleaned up and then re-created by someone
    else): it is logged and counted (`flexmig_node_orphan_instances_total{action="reported"}`), never
@@ -82,11 +84,13 @@ def reconcile(
         except Exception as exc:  # any failure (urllib3 errors too) is uncertainty: keep the claim
             log.warning("cannot check a prepared claim's owner; keeping it", uid=entry.uid, error=str(exc))
             report.adopted.append(entry.uid)
+            _rewrite_spec(preparer, entry, report)
             continue
         if owner_gone:
             _destroy(preparer, metrics, entry, "claim gone; destroyed its instances", report, report.released)
             continue
         report.adopted.append(entry.uid)
+        _rewrite_spec(preparer, entry, report)
         for rec in entry.devices:
             if rec.is_mig and find_gi(ops, rec) is None:
                 log.warning(
@@ -162,3 +166,11 @@ def _destroy(
         # Instances this plugin created that no claim owns any more.
         metrics.orphans_found.labels(action="destroyed").inc(n)
     log.info(what, uid=entry.uid, destroyed_instances=n)
+
+
+def _rewrite_spec(preparer: Preparer, entry: ClaimCheckpoint, report: ReconcileReport) -> None:
+    try:
+        preparer.rewrite_spec(entry)
+    except Exception as exc:  # the claim stays adopted; its spec stays what prepare left
+        report.errors.append(f"claim {entry.uid}: CDI spec: {exc}")
+        log.error("cannot rewrite a prepared claim's CDI spec", uid=entry.uid, error=str(exc))

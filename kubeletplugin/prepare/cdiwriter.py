@@ -27,15 +27,21 @@ class ClaimSpecWriter:
     host: cdi.SpecHost = field(default_factory=cdi.SpecHost)
 
     def write(
-        self, claim_uid: str, devices: Sequence[cdi.PreparedDevice], spec_edits: Mapping[str, object] | None
+        self,
+        claim_uid: str,
+        devices: Sequence[cdi.PreparedDevice],
+        spec_edits: Mapping[str, object] | None,
+        *,
+        durable: bool = True,
     ) -> Path:
+        """Write the claim's spec atomically; `durable` fsyncs it and its directory too."""
         minors: list[int] = []
         for dev in devices:
             if isinstance(dev, cdi.PreparedMig):
                 minors += cdi.mig_cap_minors(dev.gpu_minor, dev.gi_id, dev.ci_id, self.mig_minors)
         ensure_caps_nodes(self.host.devices, minors)
         spec = cdi.build_claim_spec(claim_uid, devices, self.mig_minors, spec_edits, self.host)
-        return cdi.write_spec_atomically(self.cdi_dir, claim_uid, spec)
+        return cdi.write_spec_atomically(self.cdi_dir, claim_uid, spec, durable=durable)
 
     def remove(self, claim_uid: str) -> bool:
         return cdi.remove_spec(self.cdi_dir, claim_uid)

@@ -7,11 +7,17 @@ Per claim, prepare is (docs/architecture.md, the prepare step of a pod's path):
   -> (the whole call holds the claim's lock: claimlocks.working_on) under the claim's GPUs' locks:
        PrepareCompleted in the checkpoint? return it (idempotent);
        a stale PrepareStarted? roll it back first;
-       check every allocated placement is free, then checkpoint PrepareStarted (ownership intent,
-       see kubeletplugin/prepare/steps.py) -> MIG mode -> GI + full CI per MIG device, their ids recorded
-     then, with the GPU locks released (other claims on those GPUs go ahead: the entry already
-     fences our placements off, and the instances are recorded as ours):
-       CDI spec (atomic) -> PrepareCompleted with the realised identities (one write);
+       check every allocated placement is free, then put PrepareStarted (ownership intent, see
+       kubeletplugin/prepare/steps.py) into the store's state, which fences the placements off
+  -> without the GPU locks: wait until that entry is durable (a group commit shared with the other
+     claims in flight; no GPU waits for another claim's fsync)
+  -> under the GPU locks again: MIG mode -> GI + full CI per MIG device, their ids recorded in the
+     store's state as NVML returns them (written with the next durable write: a crash before that is
+     rolled back by the intent's placement at start)
+  -> with the GPU locks released (other claims on those GPUs go ahead: the entry fences our
+     placements off, and the instances are recorded as ours):
+       CDI spec (atomic, not fsynced: see `_finish`) -> PrepareCompleted with the realised
+       identities (one durable write, before kubelet is answered);
        a failure here takes the GPU locks again to roll back
   -> claim status.devices + the pods' HAMi mirror (outside the GPU locks; a failure is this claim's
      error and the retry re-attempts just the write).
@@ -22,15 +28,19 @@ the claim's flow, locks, checkpoint states and what kubelet is told. A HAMi-core
 kubeletplugin/shared/prepare.py.
 
 Nothing is serialised node-wide: claims on different GPUs run in parallel (within one call and across
-calls), each GPU admits one claim at a time, and the checkpoint writes of all claims in flight share
-fsyncs (checkpoint's group commit). One claim's failure never fails another. Unprepare destroys CI then GI (gone = success, IN_USE = the claim's error so
-kubelet retries), removes the CDI spec and the checkpoint entry; an unknown claim succeeds.
+calls), each GPU admits one claim at a time and only for its NVML work, and the checkpoint writes of
+all claims in flight share fsyncs (checkpoint's group commit). One claim's failure never fails
+another. Unprepare destroys CI then GI (gone = success, IN_USE = the claim's error so kubelet
+retries), removes the CDI spec and the checkpoint entry (durably, under the GPU locks: until it is
+gone the entry keeps the placement from another claim); an unknown claim succeeds.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -41,9 +51,9 @@ from kubernetes.client.exceptions import ApiException
 
 from driver.nvml.types import NvmlError
 from kubeletplugin.agent.crashpoints import Crashpoints
-from kubeletplugin.agent.metrics import NodeMetrics
+from kubeletplugin.agent.metrics import NodeMetrics, SharedGpuUsage
 from kubeletplugin.checkpoint.model import ClaimCheckpoint, ClaimState, PreparedDeviceRecord
-from kubeletplugin.checkpoint.store import CheckpointStore
+from kubeletplugin.checkpoint.store import CheckpointStore, Pending
 from kubeletplugin.grpcserver import ClaimRef, PreparedDevice, PrepareResult
 from kubeletplugin.kube.kubeapi import ClaimApi, ClaimNotFound, ClaimView, api_error_text
 from kubeletplugin.kube.statuswriter import StatusWriter
@@ -122,6 +132,9 @@ class Preparer:
             shared_split_count=shared_split_count,
         )
         self.locks = ClaimLocks()
+        self._metrics_lock = threading.Lock()
+        self._published_counts: dict[str, int] | None = None
+        self._published_usage: list[SharedGpuUsage] | None = None
         self._pool = ThreadPoolExecutor(max_workers=_MAX_PARALLEL_CLAIMS, thread_name_prefix="flexmig-claim")
 
     def close(self) -> None:
@@ -193,9 +206,21 @@ class Preparer:
         # unprepare failed): its GPUs are locked too, because it may have to be rolled back.
         previous = self._store.get_claim(ref.uid)
         stale_gpus = [d.gpu_index for d in previous.devices] if previous is not None else []
-        with self.gpu_locks([r.gpu_index for r in records] + stale_gpus):
-            made = self._prepare_locked(ref, view, records)
-        entry = made if isinstance(made, ClaimCheckpoint) else self._finish(made)
+        gpus = [r.gpu_index for r in records]
+        with self.gpu_locks(gpus + stale_gpus):
+            reserved = self._reserve(ref, view, records)
+        if isinstance(reserved, ClaimCheckpoint):
+            entry = reserved
+        else:
+            started, intent = reserved
+            # The intent is durable before any hardware change; its fsync is waited for without the
+            # GPU locks, so the other claims of these GPUs create their instances meanwhile (the
+            # entry, already in the store's state, fences our placements off). A failed write drops
+            # the entry again and fails the claim, with nothing created.
+            self._store.finish(intent)
+            with self.gpu_locks(gpus):
+                made = self._realise(started)
+            entry = self._finish(made)
         self._status.write(view, entry)
         return [
             PreparedDevice(
@@ -207,10 +232,12 @@ class Preparer:
             for d in entry.devices
         ]
 
-    def _prepare_locked(
+    def _reserve(
         self, ref: ClaimRef, view: ClaimView, records: list[PreparedDeviceRecord]
-    ) -> ClaimCheckpoint | RealisedClaim:
-        """Under the GPU locks: the completed entry when already prepared, else the realised claim."""
+    ) -> ClaimCheckpoint | tuple[ClaimCheckpoint, Pending[None]]:
+        """Under the GPU locks: the completed entry when already prepared, else the PrepareStarted
+        entry, put in the store's state (its durable write begun) after the placements were found
+        free."""
         checkpoint = self._store.load()
         existing = checkpoint.claims.get(ref.uid)
         wanted = [(r.device_name, r.shares) for r in records]
@@ -235,7 +262,10 @@ class Preparer:
         started = ClaimCheckpoint(
             ref.uid, view.namespace, view.name, ClaimState.PREPARE_STARTED, tuple(records)
         )
-        self._store.put_claim(started)
+        return started, self._store.begin_put(started)
+
+    def _realise(self, started: ClaimCheckpoint) -> RealisedClaim:
+        """Under the GPU locks, with the intent durable: MIG mode, instances; rolled back on failure."""
         try:
             return self._realiser.realise(started)
         except BaseException:
@@ -258,7 +288,11 @@ class Preparer:
         """CDI spec and PrepareCompleted, without the GPU locks (the claim's lock is held)."""
         started = made.started
         try:
-            self._specs.write(started.uid, made.cdi_devices, made.spec_edits)
+            # Not fsynced: the rename makes it whole for every reader at once, and what an fsync adds
+            # (surviving a power loss) the startup reconcile gives, rewriting the spec of every
+            # prepared claim from the checkpoint before kubelet can call (a power loss also reboots
+            # the node, and a new boot starts with an empty checkpoint): docs/kubelet-plugin.md.
+            self._specs.write(started.uid, made.cdi_devices, made.spec_edits, durable=False)
             self._crash.reach("after-cdi-write")
             completed = dataclasses.replace(started, state=ClaimState.PREPARE_COMPLETED, devices=made.devices)
             self._crash.reach("before-checkpoint-commit")
@@ -275,6 +309,12 @@ class Preparer:
             devices=[(d.device_name, d.mig_uuid) for d in made.devices],
         )
         return completed
+
+    def rewrite_spec(self, completed: ClaimCheckpoint) -> None:
+        """Write a prepared claim's CDI spec again, durably, from its checkpoint entry alone (the
+        startup reconcile does this for every claim it keeps: prepare does not fsync the spec)."""
+        devices, spec_edits = self._realiser.spec_of(completed)
+        self._specs.write(completed.uid, devices, spec_edits, durable=True)
 
     # -- rollback / unprepare ---------------------------------------------------------------------------
 
@@ -317,9 +357,16 @@ class Preparer:
         log.info("claim unprepared", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid)
 
     def update_checkpoint_metrics(self) -> None:
-        counts = {s.value: 0 for s in ClaimState}
-        claims = list(self._store.load().claims.values())
-        for claim in claims:
-            counts[claim.state.value] += 1
-        self._metrics.set_checkpoint_counts(counts)
-        self._metrics.set_shared_usage(shared_usage(claims))
+        # Runs after every call; the gauges are replaced only when their values changed (replacing
+        # them is most of the cost), and under a lock so an older state never overwrites a newer one.
+        with self._metrics_lock:
+            claims = list(self._store.load().claims.values())
+            by_state = collections.Counter(c.state for c in claims)
+            counts = {s.value: by_state[s] for s in ClaimState}
+            usage = shared_usage(claims)
+            if counts != self._published_counts:
+                self._metrics.set_checkpoint_counts(counts)
+                self._published_counts = counts
+            if usage != self._published_usage:
+                self._metrics.set_shared_usage(usage)
+                self._published_usage = usage

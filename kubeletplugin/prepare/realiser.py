@@ -75,19 +75,12 @@ class ClaimRealiser:
         devices: list[PreparedDeviceRecord] = []
         cdi_devices: list[cdi.PreparedDevice] = []
         for rec in started.devices:
-            minor = self._inventory_minor(rec)
-            if rec.is_shared:
-                cdi_devices.append(shared[rec.device_name])
-            elif rec.is_mig:
+            if rec.is_mig:
                 mig = realise_mig(
                     self._ops, rec, self._crash, self._id_recorder(started.uid, rec.device_name)
                 )
                 rec = dataclasses.replace(rec, gi_id=mig.gi_id, ci_id=mig.ci_id, mig_uuid=mig.mig_uuid)
-                cdi_devices.append(
-                    cdi.PreparedMig(rec.device_name, rec.gpu_uuid, minor, mig.gi_id, mig.ci_id, mig.mig_uuid)
-                )
-            else:
-                cdi_devices.append(cdi.PreparedGpu(rec.device_name, rec.gpu_uuid, minor))
+            cdi_devices.append(self._cdi_device(rec, shared))
             devices.append(
                 dataclasses.replace(
                     rec, cdi_device_ids=(cdi.qualified_device_id(started.uid, rec.device_name),)
@@ -95,9 +88,33 @@ class ClaimRealiser:
             )
         return RealisedClaim(started, tuple(devices), tuple(cdi_devices), spec_edits)
 
+    def spec_of(
+        self, completed: ClaimCheckpoint
+    ) -> tuple[tuple[cdi.PreparedDevice, ...], dict[str, object] | None]:
+        """The CDI devices and spec edits of a completed entry, from its records alone (no NVML): what
+        the startup reconcile rewrites the claim's spec from."""
+        shared, spec_edits = self._shared_edits(completed)
+        return tuple(self._cdi_device(rec, shared) for rec in completed.devices), spec_edits
+
+    def _cdi_device(
+        self, rec: PreparedDeviceRecord, shared: dict[str, cdi.PreparedShared]
+    ) -> cdi.PreparedDevice:
+        minor = self._inventory_minor(rec)
+        if rec.is_shared:
+            return shared[rec.device_name]
+        if rec.is_mig:
+            if rec.gi_id is None or rec.ci_id is None or rec.mig_uuid is None:
+                raise ClaimError(f"device {rec.device_name} has no realised MIG instance recorded")
+            return cdi.PreparedMig(rec.device_name, rec.gpu_uuid, minor, rec.gi_id, rec.ci_id, rec.mig_uuid)
+        return cdi.PreparedGpu(rec.device_name, rec.gpu_uuid, minor)
+
     def _id_recorder(self, uid: str, device_name: str) -> Callable[..., object]:
         def record(**ids: int) -> object:
-            return self._store.update_device(uid, device_name, **ids)
+            # Not waited for: in the store's state at once (a rollback in this process destroys by
+            # these ids), on disk with the next durable write. A crash before that leaves the durable
+            # PrepareStarted intent without ids, which the startup reconcile rolls back by placement
+            # (docs/kubelet-plugin.md, "Crash model").
+            return self._store.update_device(uid, device_name, wait=False, **ids)
 
         return record
 

@@ -2,10 +2,11 @@
 
 Ownership is what makes crash recovery safe. A device record in the checkpoint with `created_gi=True`
 means "flexmig issued (or is about to issue) the create of a GI at exactly this profile and placement".
-The preparer only sets it after checking, under the GPU's lock, that nothing occupied that placement, so
-after a crash anywhere between the checkpoint write and recording the GI id, a GI found at exactly that
-placement and profile is ours and may be destroyed. `gi_id` is recorded once known and then wins over
-the placement search. Instances that were there before us are never touched: their placement was not
+The preparer only sets it after checking, under the GPU's lock, that nothing occupied that placement,
+and it is durable before the create, so after a crash anywhere between that write and the durable
+write that carries the GI id, a GI found at exactly that placement and profile is ours and may be
+destroyed. `gi_id` is recorded as soon as NVML returns it (in the store's state at once, on disk with
+the next durable write) and then wins over the placement search. Instances that were there before us are never touched: their placement was not
 free, so the prepare failed before claiming them.
 """
 
@@ -107,7 +108,8 @@ def check_placement_free(ops: NvmlOps, rec: PreparedDeviceRecord, owners: dict[t
 
 
 # Called with the ids NVML just returned (gi_id, then ci_id), before anything else happens: the
-# preparer writes them to the checkpoint, so a rollback destroys exactly what was created, by id.
+# preparer records them in the checkpoint store's state, so a rollback destroys exactly what was
+# created, by id (a crash before they reach the disk is the startup reconcile's, by placement).
 RecordIds = Callable[..., object]
 
 

@@ -137,10 +137,12 @@ def test_mutations_apply_in_arrival_order_and_a_failing_one_fails_alone(
 
     threads = _hold_first_writer(store, gate, out, {"a": add_and_count("a")})
     # Queued one by one, so their arrival order is known.
+    # A mutation that raises is refused when it is accepted, without waiting for any write.
     threads.append(_start(lambda: store.set_state("missing", ClaimState.PREPARE_COMPLETED), out, "bad"))
-    _wait_for(lambda: store.queued() == 2, "the failing writer queued")
+    _wait_for(lambda: "bad" in out, "the failing writer refused")
+    assert store.queued() == 1 and not gate.release.is_set()
     threads.append(_start(add_and_count("b"), out, "b"))
-    _wait_for(lambda: store.queued() == 3, "the third writer queued")
+    _wait_for(lambda: store.queued() == 2, "the third writer queued")
     gate.release.set()
     for t in threads:
         t.join(DEADLINE_S)

@@ -135,7 +135,7 @@ def test_failed_spec_write_after_the_gpu_locks_rolls_back(tmp_path: Path) -> Non
     try:
 
         class FailingSpecs:
-            def write(self, *_args: object) -> Path:
+            def write(self, *_args: object, **_kwargs: object) -> Path:
                 raise OSError("simulated full CDI directory")
 
         real = node.preparer._specs
