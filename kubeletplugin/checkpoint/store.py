@@ -36,6 +36,7 @@ from typing import Any, Generic, TypeVar
 
 import structlog
 
+from kubeletplugin.checkpoint import mutations
 from kubeletplugin.checkpoint.model import (
     Checkpoint,
     ClaimCheckpoint,
@@ -336,22 +337,13 @@ class CheckpointStore:
 
     def begin_put(self, claim: ClaimCheckpoint) -> Pending[None]:
         """`put_claim` in two halves: the entry is in the state now, durable after `finish`."""
-
-        def _put(cp: Checkpoint) -> None:
-            cp.claims[claim.uid] = claim
-
-        return self.begin(_put)
+        return self.begin(mutations.put_claim(claim))
 
     def remove_claim(self, uid: str) -> bool:
-        return self.update(lambda cp: cp.claims.pop(uid, None) is not None)
+        return self.update(mutations.remove_claim(uid))
 
     def set_state(self, uid: str, state: ClaimState) -> ClaimCheckpoint:
-        def _set(cp: Checkpoint) -> ClaimCheckpoint:
-            claim = _require(cp, uid)
-            cp.claims[uid] = dataclasses.replace(claim, state=state)
-            return cp.claims[uid]
-
-        return self.update(_set)
+        return self.update(mutations.set_state(uid, state))
 
     def update_device(
         self, uid: str, device_name: str, *, wait: bool = True, **changes: Any
@@ -359,21 +351,7 @@ class CheckpointStore:
         """Replace fields of one device record, e.g. the realised gi_id/ci_id/mig_uuid after creation.
 
         `wait=False`: see `update` (not durable on return)."""
-        unknown = set(changes) - {f.name for f in dataclasses.fields(PreparedDeviceRecord)}
-        if unknown:
-            raise TypeError(f"unknown PreparedDeviceRecord fields: {sorted(unknown)}")
-
-        def _upd(cp: Checkpoint) -> PreparedDeviceRecord:
-            claim = _require(cp, uid)
-            old = claim.device(device_name)
-            if old is None:
-                raise KeyError(f"claim {uid} has no device {device_name!r} in the checkpoint")
-            new = dataclasses.replace(old, **changes)
-            devices = tuple(new if d.device_name == device_name else d for d in claim.devices)
-            cp.claims[uid] = dataclasses.replace(claim, devices=devices)
-            return new
-
-        return self.update(_upd, wait=wait)
+        return self.update(mutations.update_device(uid, device_name, changes), wait=wait)
 
     def record_mig_realised(
         self,
@@ -398,24 +376,4 @@ class CheckpointStore:
 
     def complete(self, uid: str, cdi_ids: Mapping[str, tuple[str, ...]]) -> ClaimCheckpoint:
         """Store each device's CDI ids and mark the claim `PrepareCompleted` in one write."""
-
-        def _done(cp: Checkpoint) -> ClaimCheckpoint:
-            claim = _require(cp, uid)
-            missing = set(cdi_ids) - {d.device_name for d in claim.devices}
-            if missing:
-                raise KeyError(f"claim {uid} has no devices {sorted(missing)} in the checkpoint")
-            devices = tuple(
-                dataclasses.replace(d, cdi_device_ids=cdi_ids.get(d.device_name, d.cdi_device_ids))
-                for d in claim.devices
-            )
-            cp.claims[uid] = dataclasses.replace(claim, devices=devices, state=ClaimState.PREPARE_COMPLETED)
-            return cp.claims[uid]
-
-        return self.update(_done)
-
-
-def _require(cp: Checkpoint, uid: str) -> ClaimCheckpoint:
-    claim = cp.claims.get(uid)
-    if claim is None:
-        raise KeyError(f"claim {uid} is not in the checkpoint")
-    return claim
+        return self.update(mutations.complete(uid, cdi_ids))
