@@ -177,19 +177,22 @@ class PeriodicReconciler:
             before = self._foreign
             if found == before:
                 return
+            withdrawn = overlapped_devices(self._inventory, found)
+            for inst in sorted(found - before):
+                self._metrics.orphans_found.labels(action="withdrawn").inc()
+                log.warning(
+                    "GPU instance created out of band (not by flexmig); leaving it untouched and"
+                    " withdrawing the devices it overlaps from the published ResourceSlices",
+                    instance=str(inst),
+                )
+            for inst in sorted(before - found):
+                log.info("out-of-band GPU instance gone; publishing its devices again", instance=str(inst))
+            self._metrics.foreign_instances.set(len(found))
+            self._metrics.withdrawn_devices.set(len(withdrawn))
+            log.info("published capacity changed by out-of-band instances", withdrawn=sorted(withdrawn))
+            # Last, and under the lock `withdrawn()` takes: the publisher may sync at any moment (it
+            # re-checks every 0.5 s for 30 s after a registration), and slices that already lack the
+            # devices must never be visible before the metrics and log lines that explain why.
             self._foreign = frozenset(found)
-            self._withdrawn = overlapped_devices(self._inventory, found)
-            withdrawn = self._withdrawn
-        for inst in sorted(found - before):
-            self._metrics.orphans_found.labels(action="withdrawn").inc()
-            log.warning(
-                "GPU instance created out of band (not by flexmig); leaving it untouched and withdrawing"
-                " the devices it overlaps from the published ResourceSlices",
-                instance=str(inst),
-            )
-        for inst in sorted(before - found):
-            log.info("out-of-band GPU instance gone; publishing its devices again", instance=str(inst))
-        self._metrics.foreign_instances.set(len(found))
-        self._metrics.withdrawn_devices.set(len(withdrawn))
-        log.info("published capacity changed by out-of-band instances", withdrawn=sorted(withdrawn))
+            self._withdrawn = withdrawn
         self._on_change()

@@ -27,7 +27,9 @@ def test_two_replicas_never_lead_together_and_standby_takes_over(control_plane: 
     with control_plane.api_client() as api:
         namespace = f"lease-{suffix}"
         create_namespace(api, namespace)
-        timings = {"lease_s": 4.0, "renew_deadline_s": 3.0, "retry_s": 0.5}
+        # A long lease: a takeover by release (one retry, ~0.5 s) and one by expiry (>= the lease after
+        # the last renewal) stay far apart even when a loaded machine slows every round.
+        timings = {"lease_s": 20.0, "renew_deadline_s": 14.0, "retry_s": 0.5}
         a = LeaderElector(api, namespace, "replica-a", name=f"lease-{suffix}", **timings)
         b = LeaderElector(api, namespace, "replica-b", name=f"lease-{suffix}", **timings)
         a.start()
@@ -49,7 +51,7 @@ def test_two_replicas_never_lead_together_and_standby_takes_over(control_plane: 
             assert not leader.is_leader()
             started = time.monotonic()
             _wait(standby.is_leader, 10, "the standby to take over")
-            assert time.monotonic() - started < 4.0
+            assert time.monotonic() - started < timings["lease_s"] / 2
         finally:
             for elector in (a, b):
                 elector.stop_event.set()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -51,10 +52,29 @@ def _wall(offset_s: float) -> str:
     return (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=offset_s)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _elector(monkeypatch: pytest.MonkeyPatch, api: LeaseApi, **kw: float) -> LeaderElector:
+class FakeClock:
+    """The elector's monotonic clock, moved only by the test: what "0.5 s later" means does not depend
+    on how long a loaded machine takes to wake a sleeping test."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def _elector(
+    monkeypatch: pytest.MonkeyPatch,
+    api: LeaseApi,
+    clock: Callable[[], float] = time.monotonic,
+    **kw: float,
+) -> LeaderElector:
     monkeypatch.setattr(leader_mod, "request", api)
     timings = {"lease_s": 1.0, "renew_deadline_s": 0.6, "retry_s": 0.1} | kw
-    return LeaderElector(None, "ns", "me", name="l", **timings)
+    return LeaderElector(None, "ns", "me", name="l", clock=clock, **timings)
 
 
 @pytest.mark.parametrize("renewed_s_ago", [100.0, -3600.0], ids=["holder-clock-behind", "holder-clock-ahead"])
@@ -65,23 +85,26 @@ def test_expiry_is_measured_on_local_observed_time(
     change, whether its clock is behind (old code took over at once) or ahead (old code waited an hour)."""
     spec = {"holderIdentity": "other", "leaseDurationSeconds": 1, "renewTime": _wall(-renewed_s_ago)}
     api = LeaseApi(spec)
-    e = _elector(monkeypatch, api)
+    clock = FakeClock()
+    e = _elector(monkeypatch, api, clock)
     assert not e._try_acquire_or_renew(), "took over a lease it had never seen unchanged for its duration"
-    time.sleep(0.5)
+    clock.advance(0.5)
     assert not e._try_acquire_or_renew()
-    time.sleep(0.7)  # > 1 s of seeing no change
+    clock.advance(0.7)  # > 1 s of seeing no change
     assert e._try_acquire_or_renew()
     assert api.lease is not None and api.lease["spec"]["holderIdentity"] == "me"
 
 
 def test_a_renewing_holder_is_never_taken_over(monkeypatch: pytest.MonkeyPatch) -> None:
     api = LeaseApi({"holderIdentity": "other", "leaseDurationSeconds": 1, "renewTime": _wall(-100)})
-    e = _elector(monkeypatch, api)
-    for i in range(8):
+    clock = FakeClock()
+    e = _elector(monkeypatch, api, clock)
+    for i in range(8):  # 1.6 s in all, longer than the lease: only the renewals keep it
         assert not e._try_acquire_or_renew()
         assert api.lease is not None
-        api.lease["spec"]["renewTime"] = _wall(-100 + i)  # the holder renews (its clock far behind ours)
-        time.sleep(0.2)
+        # The holder renews (its clock far behind ours).
+        api.lease["spec"]["renewTime"] = _wall(-99 + i)
+        clock.advance(0.2)
 
 
 def test_a_slow_put_does_not_extend_leadership(monkeypatch: pytest.MonkeyPatch) -> None:
