@@ -43,7 +43,8 @@ class PackingPolicy:
     is memoised across decisions. A single-device pod then only looks at nodes holding a GPU whose
     state could yield the winning node key, and among those only the first by name that still could
     win (with hundreds of equally good GPUs, the first few); a multi-device pod whose devices share one filter visits
-    nodes in order of a lower bound of their cost and stops when no node left can win; any other pod
+    nodes in order of a lower bound of their cost (by name within one bound, with a lower bound of their
+    free slices) and stops when no node left can win; any other pod
     runs the per-node greedy pass on states, skipping nodes where some device has no GPU at all.
     `tests/unit/policy/reference_policy.py` keeps the plain scan as the oracle these must equal.
 
@@ -125,7 +126,8 @@ class PackingPolicy:
                 key = hit[0]
                 ranked.append(((round(key[0], 9), key[2]), i, refs))
         ranked.sort(key=lambda r: (r[0], r[1]))
-        best: tuple[tuple[float, int, str], tuple[Choice, ...]] | None = None
+        scan = _NodeScan(self, ev, (request,))
+        best: tuple[tuple[float, int, str], list[_Pick]] | None = None
         seen: set[str] = set()
         for (loss, free), _, refs in ranked:
             if best is not None and (loss, free) > best[0][:2]:
@@ -138,10 +140,10 @@ class PackingPolicy:
                 if best is not None and (loss, free, node) >= best[0]:
                     break
                 seen.add(node)
-                result = self._node(ev, node, (request,))
+                result = scan.key(node)
                 if result is not None and (best is None or result[0] < best[0]):
                     best = result
-        return best
+        return None if best is None else (best[0], scan.choices(best[0][2], best[1]))
 
     def _best_multi(
         self, ev: Evaluator, ordered: list[DeviceRequest]
@@ -152,12 +154,13 @@ class PackingPolicy:
         # Whether a GPU serves a request (model, allowed set) does not depend on its state, so a node
         # where some device has no serving GPU fails that device's scan whatever the earlier picks.
         nodes = ev.nodes_where(ordered, ev.serves)
-        best: tuple[tuple[float, int, str], tuple[Choice, ...]] | None = None
+        scan = _NodeScan(self, ev, ordered)
+        best: tuple[tuple[float, int, str], list[_Pick]] | None = None
         for node in sorted(nodes):
-            result = self._node(ev, node, ordered)
+            result = scan.key(node)
             if result is not None and (best is None or result[0] < best[0]):
                 best = result
-        return best
+        return None if best is None else (best[0], scan.choices(best[0][2], best[1]))
 
     def _best_bounded(
         self, ev: Evaluator, ordered: list[DeviceRequest]
@@ -171,7 +174,11 @@ class PackingPolicy:
         the least over all those reachable states, and the node's cost (summed in device order from
         0.0, as the scan does) >= 0.0 + m1 + g_2 + ... (float addition and round are monotone). Groups
         are taken by first-device loss; once that bound, rounded, exceeds the best rounded cost found,
-        no node left can win. None (the caller scans) when the filters differ or some g_i is missing.
+        no node left can win. Within a group, nodes go by name with the key bound (cost bound, least
+        free, name): device i's GPU was first taken, from its original state, by some device j <= i,
+        so its original free is at least the least free of the groups serving some j <= i; once the
+        bound is not below the best key, no later node of the group (larger name) can win.
+        None (the caller scans) when the filters differ or some g_i is missing.
         """
         filt = ordered[0].device_filter
         if any(r.device_filter is not filt for r in ordered) and not (
@@ -185,13 +192,25 @@ class PackingPolicy:
             # fails as a whole, and on the others every device sees the table's pairs.
             return None
         first = ordered[0]
+        groups = ev.groups(first)
         ranked: list[tuple[float, int, Iterable[GpuRef]]] = []
         reachable: dict[tuple[GpuStateClass, AllowedKey], None] = {}
-        for i, (state, allowed, refs) in enumerate(ev.groups(first)):
+        for i, (state, allowed, refs) in enumerate(groups):
             reachable[(state, allowed)] = None
             hit = ev.best(state, first, allowed)
             if hit is not None:
                 ranked.append((hit[0][0], i, refs))
+        # The node's free slices: device i's GPU was first taken (from its original state) by some
+        # device j <= i, so its original free is at least the least free of a group serving j.
+        least_free = 0
+        serving: int | None = None
+        for request in ordered:
+            for state, allowed, _ in groups:
+                if (serving is None or state.free < serving) and ev.best(state, request, allowed) is not None:
+                    serving = state.free
+            if serving is None:
+                return None
+            least_free += serving
         lower: list[float] = []
         for position, request in enumerate(ordered):
             # States left by this device's picks (from every state reachable before it).
@@ -211,44 +230,75 @@ class PackingPolicy:
             for pair in left:
                 reachable[pair] = None
         ranked.sort(key=lambda r: (r[0], r[1]))
-        best: tuple[tuple[float, int, str], tuple[Choice, ...]] | None = None
+        scan = _NodeScan(self, ev, ordered)
+        best: tuple[tuple[float, int, str], list[_Pick]] | None = None
         seen: set[str] = set()
         for loss, _, refs in ranked:
-            if best is not None:
-                bound = 0.0 + loss
-                for g in lower:
-                    bound += g
-                if round(bound, 9) > best[0][0]:
+            bound = 0.0 + loss
+            for g in lower:
+                bound += g
+            cost = round(bound, 9)
+            if best is not None and cost > best[0][0]:
+                break
+            # This group's nodes by name, popped lazily: each has key >= (cost, least_free, name).
+            names = list({r.node for r in refs} - seen)
+            heapify(names)
+            while names:
+                node = heappop(names)
+                if best is not None and (cost, least_free, node) >= best[0]:
                     break
-            for node in sorted({r.node for r in refs} - seen):
                 seen.add(node)
-                result = self._node(ev, node, ordered)
+                result = scan.key(node)
                 if result is not None and (best is None or result[0] < best[0]):
                     best = result
-        return (best,)
+        return (None if best is None else (best[0], scan.choices(best[0][2], best[1])),)
 
-    def _node(
-        self, ev: Evaluator, node: str, ordered: Sequence[DeviceRequest]
-    ) -> tuple[tuple[float, int, str], tuple[Choice, ...]] | None:
-        """The per-node greedy scan of the plain implementation, on states."""
-        cluster = ev.cluster
+
+_Pick = tuple[int, Candidate]  # (slot in the node, candidate taken there)
+
+
+class _NodeScan:
+    """The per-node greedy scan of the plain implementation, on states, for one decision's devices.
+
+    Split in two so that the nodes a search visits are only priced (`key`) and `Choice`s are built
+    (`choices`) for the winner only; what does not depend on the node (each device's table of best
+    candidates, whether hints are in play) is fetched once per decision.
+    """
+
+    __slots__ = ("cluster", "ev", "hinted", "lookups", "policy")
+
+    def __init__(self, policy: PackingPolicy, ev: Evaluator, ordered: Sequence[DeviceRequest]) -> None:
+        self.policy = policy
+        self.ev = ev
+        self.cluster = ev.cluster
+        self.lookups = [(request, *ev.best_table(request)) for request in ordered]
+        self.hinted = any(r.end_hint is not None for r in ordered)
+
+    def key(self, node: str) -> tuple[tuple[float, int, str], list[_Pick]] | None:
+        """The node's (round(cost, 9), free slices, name) and its picks, or None where a device fails."""
+        cluster = self.cluster
+        ev = self.ev
         refs = cluster.node_refs(node)
         originals = cluster.node_state_classes(node)
         states = list(originals)
         total_cost = 0.0
-        choices: list[Choice] = []
+        picks: list[_Pick] = []
         free = 0
         # Latest hinted end per GPU, kept current as this pod's hinted devices are placed.
-        ends = [cluster.latest_end(r) for r in refs] if any(r.end_hint is not None for r in ordered) else []
-        for request in ordered:
-            best = ev.best_for(request)
+        ends = [cluster.latest_end(r) for r in refs] if self.hinted else []
+        colocation = self.policy.colocation
+        for request, table, best in self.lookups:
             allowed = ev.allowed_on(request, refs)
             hint = request.end_hint
             pick: tuple[tuple[float, int, int, int], int, Candidate] | None = None
             for slot, state in enumerate(states):
                 if state is None:
                     continue
-                hit = best(state, allowed[slot])
+                pair = (state, allowed[slot])
+                try:
+                    hit = table[pair]
+                except KeyError:  # first time this decision: priced (and stored) by `best`
+                    hit = best(*pair)
                 if hit is None:
                     continue
                 key = hit[0]
@@ -256,7 +306,7 @@ class PackingPolicy:
                     end = ends[slot]
                     if end is None and not state.occupancy.instances:
                         end = hint.end - hint.remaining  # empty: whole until now
-                    term = self.colocation(hint, end)
+                    term = colocation(hint, end)
                     if term:
                         key = (key[0] + term, key[1], key[2], key[3])
                 if pick is None or key < pick[0]:
@@ -274,9 +324,16 @@ class PackingPolicy:
                 end = ends[slot]
                 ends[slot] = hint.end if end is None else max(end, hint.end)
             total_cost += key[0]
-            ref = refs[slot]
-            choices.append(Choice(request.name, ref, cluster.gpu(ref).catalog.profiles[cand[1]], cand[2]))
-        return (round(total_cost, 9), free, node), tuple(choices)
+            picks.append((slot, cand))
+        return (round(total_cost, 9), free, node), picks
+
+    def choices(self, node: str, picks: list[_Pick]) -> tuple[Choice, ...]:
+        refs = self.cluster.node_refs(node)
+        gpu = self.cluster.gpu
+        return tuple(
+            Choice(request.name, refs[slot], gpu(refs[slot]).catalog.profiles[cand[1]], cand[2])
+            for (request, _, _), (slot, cand) in zip(self.lookups, picks, strict=True)
+        )
 
 
 # (rank, index into catalog.profiles, start, state after placing): independent of weights and policy

@@ -9,7 +9,7 @@ cheapest loss found is skipped when that provably cannot change the pick (see `E
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence, Set
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from typing import Protocol
 
 from driver.catalog.types import MigProfile
@@ -196,6 +196,16 @@ class Evaluator:
             return hit  # type: ignore[return-value]
 
         return lookup
+
+    def best_table(
+        self, request: DeviceRequest
+    ) -> tuple[
+        Mapping[tuple[GpuStateClass, AllowedKey], _Best], Callable[[GpuStateClass, AllowedKey], _Best]
+    ]:
+        """`best_for(request)` with the table it fills: a hot loop reads the table directly and calls
+        the function only for a (state, allowed) pair the table lacks."""
+        lookup = self.best_for(request)
+        return self._best[self._sig(request)], lookup
 
     def _price(
         self, state: GpuStateClass, request: DeviceRequest, sig: _RequestSig, allowed: AllowedKey
