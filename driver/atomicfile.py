@@ -65,19 +65,15 @@ def write_atomically(
     fd, tmp = tempfile.mkstemp(
         prefix=default_prefix(path) if prefix is None else prefix, suffix=suffix, dir=path.parent
     )
-    try:
+
+    def fill() -> None:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
             if durable:
                 os.fsync(fh.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+
+    _install(Path(tmp), path, fill, mode)
     if durable if sync_dir is None else sync_dir:
         fsync_dir(path.parent)
     return path
@@ -101,8 +97,16 @@ def replace_with(
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_native_id()}{DEFAULT_SUFFIX}")
     with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp)
+    _install(tmp, path, lambda: make(tmp), mode)
+    if sync_dir:
+        fsync_dir(path.parent)
+    return path
+
+
+def _install(tmp: Path, path: Path, fill: Callable[[], None], mode: int | None) -> None:
+    """Fill `tmp`, set its mode and rename it over `path`; on any error the temp is removed."""
     try:
-        make(tmp)
+        fill()
         if mode is not None:
             os.chmod(tmp, mode)
         os.replace(tmp, path)
@@ -110,9 +114,6 @@ def replace_with(
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    if sync_dir:
-        fsync_dir(path.parent)
-    return path
 
 
 __all__ = ["DEFAULT_SUFFIX", "default_prefix", "fsync_dir", "replace_with", "write_atomically"]
