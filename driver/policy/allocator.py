@@ -132,17 +132,7 @@ class PackingPolicy:
         for (loss, free), _, refs in ranked:
             if best is not None and (loss, free) > best[0][:2]:
                 break
-            # The group's nodes by name, popped lazily: usually only the first few are needed.
-            names = list({r.node for r in refs} - seen)
-            heapify(names)
-            while names:
-                node = heappop(names)
-                if best is not None and (loss, free, node) >= best[0]:
-                    break
-                seen.add(node)
-                result = scan.key(node)
-                if result is not None and (best is None or result[0] < best[0]):
-                    best = result
+            best = _visit_group(scan, refs, seen, (loss, free), best)
         return None if best is None else (best[0], scan.choices(best[0][2], best[1]))
 
     def _best_multi(
@@ -240,21 +230,31 @@ class PackingPolicy:
             cost = round(bound, 9)
             if best is not None and cost > best[0][0]:
                 break
-            # This group's nodes by name, popped lazily: each has key >= (cost, least_free, name).
-            names = list({r.node for r in refs} - seen)
-            heapify(names)
-            while names:
-                node = heappop(names)
-                if best is not None and (cost, least_free, node) >= best[0]:
-                    break
-                seen.add(node)
-                result = scan.key(node)
-                if result is not None and (best is None or result[0] < best[0]):
-                    best = result
+            # Each of this group's nodes has key >= (cost, least_free, name).
+            best = _visit_group(scan, refs, seen, (cost, least_free), best)
         return (None if best is None else (best[0], scan.choices(best[0][2], best[1])),)
 
 
 _Pick = tuple[int, Candidate]  # (slot in the node, candidate taken there)
+_Best = tuple[tuple[float, int, str], list[_Pick]]
+
+
+def _visit_group(
+    scan: _NodeScan, refs: Iterable[GpuRef], seen: set[str], bound: tuple[float, int], best: _Best | None
+) -> _Best | None:
+    """Scan a group's unseen nodes by name, each with key >= (*bound, name); stop once that bound
+    is not below the best key (no later node of the group can win). Returns the new best."""
+    names = list({r.node for r in refs} - seen)
+    heapify(names)  # popped lazily: usually only the first few are needed
+    while names:
+        node = heappop(names)
+        if best is not None and (*bound, node) >= best[0]:
+            break
+        seen.add(node)
+        result = scan.key(node)
+        if result is not None and (best is None or result[0] < best[0]):
+            best = result
+    return best
 
 
 class _NodeScan:

@@ -9,6 +9,8 @@ least key in scan order), so unhinted decisions are the old ones.
 
 from __future__ import annotations
 
+import dataclasses
+import random
 from collections.abc import Sequence
 
 from driver.catalog.types import MigProfile
@@ -158,3 +160,18 @@ class ReferenceFirstFitPolicy:
                 if free:
                     return Choice(request.name, gpu.ref, profile, free[0].start)
         return None
+
+
+def twin(gpus: Sequence[GpuState]) -> tuple[ClusterState, ClusterState]:
+    """Two independent clusters over the same GPUs: one for the policy under test, one for the oracle."""
+    return ClusterState(gpus), ClusterState(dataclasses.replace(g) for g in gpus)
+
+
+def release_random(rng: random.Random, gpus: Sequence[GpuState], *clusters: ClusterState) -> None:
+    """Release one random instance of a random GPU (if it has any) from every cluster alike."""
+    ref = rng.choice(gpus).ref
+    instances = clusters[0].gpu(ref).occupancy.instances
+    if instances:
+        inst = rng.choice(instances)
+        for cluster in clusters:
+            cluster.release(ref, inst.profile, inst.start)

@@ -10,7 +10,7 @@ import random
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from reference_policy import ReferencePackingPolicy
+from reference_policy import ReferencePackingPolicy, release_random, twin
 from test_policy_scale_equivalence import _gpus, _requests, _same, _table
 
 from driver.catalog.simulated import simulated_catalog
@@ -123,8 +123,7 @@ def _hinted_requests(
 def test_hinted_decisions_equal_the_plain_scan(seed: int, weight: float) -> None:
     rng = random.Random(seed)
     gpus = _gpus(rng)
-    fast_cluster = ClusterState(gpus)
-    ref_cluster = ClusterState(dataclasses.replace(g) for g in gpus)
+    fast_cluster, ref_cluster = twin(gpus)
     # Hint some of the fill's instances (some GPUs keep unhinted ones beside hinted ones).
     for gpu in gpus:
         for inst in gpu.occupancy.instances:
@@ -145,12 +144,7 @@ def test_hinted_decisions_equal_the_plain_scan(seed: int, weight: float) -> None
             for cluster in (fast_cluster, ref_cluster):
                 cluster.commit(got.choices, expected_end=None if hint is None else hint.end)
         for _ in range(rng.randint(0, 2)):
-            ref_gpu = rng.choice(gpus).ref
-            instances = fast_cluster.gpu(ref_gpu).occupancy.instances
-            if instances:
-                inst = rng.choice(instances)
-                for cluster in (fast_cluster, ref_cluster):
-                    cluster.release(ref_gpu, inst.profile, inst.start)
+            release_random(rng, gpus, fast_cluster, ref_cluster)
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])

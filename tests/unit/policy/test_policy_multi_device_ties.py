@@ -15,7 +15,7 @@ from unittest import mock
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from reference_policy import ReferencePackingPolicy
+from reference_policy import ReferencePackingPolicy, release_random, twin
 from test_policy_scale_equivalence import _same
 
 from driver.catalog.simulated import simulated_catalog
@@ -68,8 +68,7 @@ def _requests(rng: random.Random, gpus: list[GpuState], now: float) -> list[Devi
 def test_multi_device_pods_on_identical_nodes_decide_like_the_plain_scan(seed: int) -> None:
     rng = random.Random(seed)
     gpus = _gpus(rng)
-    fast_cluster = ClusterState(gpus)
-    ref_cluster = ClusterState(dataclasses.replace(g) for g in gpus)
+    fast_cluster, ref_cluster = twin(gpus)
     fast, ref = PackingPolicy(hint_weight=0.3), ReferencePackingPolicy(hint_weight=0.3)
     now = 0.0
     for _ in range(12):
@@ -82,12 +81,7 @@ def test_multi_device_pods_on_identical_nodes_decide_like_the_plain_scan(seed: i
             for cluster in (fast_cluster, ref_cluster):
                 cluster.commit(got.choices, expected_end=None if hint is None else hint.end)
         if rng.random() < 0.5:
-            gpu = rng.choice(gpus).ref
-            instances = fast_cluster.gpu(gpu).occupancy.instances
-            if instances:
-                inst = rng.choice(instances)
-                for cluster in (fast_cluster, ref_cluster):
-                    cluster.release(gpu, inst.profile, inst.start)
+            release_random(rng, gpus, fast_cluster, ref_cluster)
 
 
 def test_identical_empty_nodes_stop_after_the_first_by_name() -> None:

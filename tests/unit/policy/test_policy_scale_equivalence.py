@@ -19,7 +19,7 @@ from unittest import mock
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from reference_policy import ReferencePackingPolicy
+from reference_policy import ReferencePackingPolicy, release_random, twin
 
 from driver.catalog.simulated import simulated_catalog
 from driver.catalog.types import GpuCatalog, MigProfile
@@ -199,8 +199,7 @@ def test_large_repetitive_clusters_decide_like_the_plain_scan(seed: int, pricing
     with context():
         rng = random.Random(seed)
         gpus = _gpus(rng)
-        fast_cluster = ClusterState(gpus)
-        ref_cluster = ClusterState(dataclasses.replace(g) for g in gpus)
+        fast_cluster, ref_cluster = twin(gpus)
         table = _table(rng, gpus)
         fast, ref = make_fast(), make_ref()
         for _ in range(10):
@@ -212,12 +211,7 @@ def test_large_repetitive_clusters_decide_like_the_plain_scan(seed: int, pricing
                     cluster.commit(got.choices)
             # Releases (from the fill too) bring GPUs back into states other GPUs are in.
             for _ in range(rng.randint(0, 2)):
-                gpu = rng.choice(gpus).ref
-                instances = fast_cluster.gpu(gpu).occupancy.instances
-                if instances:
-                    inst = rng.choice(instances)
-                    for cluster in (fast_cluster, ref_cluster):
-                        cluster.release(gpu, inst.profile, inst.start)
+                release_random(rng, gpus, fast_cluster, ref_cluster)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
