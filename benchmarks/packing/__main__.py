@@ -2,8 +2,9 @@
 
 Online (per scenario and load): first fit, HAMi v2.10's heuristic, flexmig, and the repacking bound,
 all on the same seeded pod streams. Offline: GPUs used per order against the exact optimum (HiGHS).
-Scale: decision latency and peak RSS at 1,000 and 5,000 nodes x 8 GPUs. With `--hints exact,noisy`
-also flexmig with lifetime hints against none (hints.py). Prints Markdown tables.
+Scale: decision latency and peak RSS at 1,000 and 5,000 nodes x 8 GPUs, one- and two-device pods.
+With `--hints exact,noisy` also flexmig with lifetime hints against none (hints.py). Prints Markdown
+tables.
 """
 
 from __future__ import annotations
@@ -82,18 +83,25 @@ def offline_table(seeds: int, count: int) -> str:
     return "\n".join(lines)
 
 
-def scale_table(sizes: Sequence[int], decisions: int) -> str:
-    lines = ["| nodes x 8 GPUs | decisions | p50 ms | p99 ms | peak RSS MB |", "|---|---|---|---|---|"]
+def scale_table(sizes: Sequence[int], decisions: int, devices: Sequence[int] = (1,)) -> str:
+    """One row per (size, devices per pod), each measured in its own process (scale.py)."""
+    lines = [
+        "| nodes x 8 GPUs | devices per pod | decisions | p50 ms | p99 ms | peak RSS MB |",
+        "|---|---|---|---|---|---|",
+    ]
     for nodes in sizes:
-        out = subprocess.run(
-            [sys.executable, "-m", "benchmarks.packing.scale", str(nodes), str(decisions)],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout
-        r = json.loads(out.strip().splitlines()[-1])
-        lines.append(f"| {nodes} | {decisions} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['rss_mb']:.0f} |")
-        print(f"  scale: {nodes} nodes done", file=sys.stderr, flush=True)
+        for count in devices:
+            out = subprocess.run(
+                [sys.executable, "-m", "benchmarks.packing.scale", str(nodes), str(decisions), str(count)],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+            r = json.loads(out.strip().splitlines()[-1])
+            lines.append(
+                f"| {nodes} | {count} | {decisions} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['rss_mb']:.0f} |"
+            )
+            print(f"  scale: {nodes} nodes, {count}-device pods done", file=sys.stderr, flush=True)
     return "\n".join(lines)
 
 
@@ -105,6 +113,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--offline-requests", type=int, default=40)
     parser.add_argument("--scale-nodes", default="1000,5000")
     parser.add_argument("--scale-decisions", type=int, default=300)
+    parser.add_argument(
+        "--scale-devices",
+        default="1,2",
+        help="devices per pod in the scale runs, comma-separated (default 1,2)",
+    )
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: online,offline,scale")
     parser.add_argument(
         "--hints",
@@ -162,9 +175,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if "scale" not in skip:
         sizes = [int(n) for n in args.scale_nodes.split(",")]
+        devices = [int(d) for d in args.scale_devices.split(",") if d]
         parts.append(
-            "### Scale (flexmig policy, one pod per decision, cluster ~70 % full)\n\n"
-            + scale_table(sizes, args.scale_decisions)
+            "### Scale (flexmig policy, one pod per decision, its devices random sizes on one node; "
+            "cluster ~70 % full)\n\n" + scale_table(sizes, args.scale_decisions, devices)
         )
     parts.append(f"Wall time: {time.monotonic() - began:.0f} s")
     text = "\n\n".join(parts) + "\n"

@@ -1,9 +1,9 @@
 """Decision latency and memory at scale: the MIG policy directly on 1,000 / 5,000 nodes x 8 GPUs.
 
-Each size runs in its own process (`python -m benchmarks.packing.scale NODES DECISIONS`) so its peak
-RSS is its own. The cluster (models mixed per node) is filled to about 70 % of its GPUs' memory with
-random pods, then each timed decision places one pod and, to keep the fill level, releases a random
-earlier one.
+Each size runs in its own process (`python -m benchmarks.packing.scale NODES DECISIONS [DEVICES]`) so
+its peak RSS is its own. The cluster (models mixed per node) is filled to about 70 % of its GPUs' memory
+with random pods, then each timed decision places one pod of DEVICES devices (default 1; each a random
+size from SIZES, all on one node) and, to keep the fill level, releases a random earlier pod.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ MODELS = ("A100-40GB", "A100-80GB", "H100-80GB", "H200-141GB")
 SIZES = (4000, 8000, 16000, 19000, 30000, 39000, 70000)
 
 
-def measure(nodes: int, decisions: int) -> dict[str, float]:
+def measure(nodes: int, decisions: int, devices: int = 1) -> dict[str, float]:
     catalogs = [simulated_catalog(m) for m in MODELS]
     cluster = ClusterState(
         GpuState(GpuRef(f"node-{n:05d}", i), catalogs[n % 4], Occupancy.for_catalog(catalogs[n % 4]))
@@ -48,9 +48,9 @@ def measure(nodes: int, decisions: int) -> dict[str, float]:
             used += profile.memory_slices
     times: list[float] = []
     for _ in range(decisions):
-        request = DeviceRequest("d0", rng.choice(SIZES))
+        requests = [DeviceRequest(f"d{d}", rng.choice(SIZES)) for d in range(devices)]
         began = time.perf_counter()
-        placement = policy.place(cluster, [request])
+        placement = policy.place(cluster, requests)
         times.append(time.perf_counter() - began)
         if placement.ok:
             cluster.commit(placement.choices)
@@ -62,6 +62,7 @@ def measure(nodes: int, decisions: int) -> dict[str, float]:
         "nodes": nodes,
         "gpus": nodes * 8,
         "decisions": decisions,
+        "devices": devices,
         "p50_ms": 1000 * times[len(times) // 2],
         "p99_ms": 1000 * times[min(len(times) - 1, int(0.99 * len(times)))],
         "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -69,4 +70,4 @@ def measure(nodes: int, decisions: int) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(measure(int(sys.argv[1]), int(sys.argv[2]))))
+    print(json.dumps(measure(*(int(a) for a in sys.argv[1:4]))))

@@ -18,6 +18,7 @@ from driver.policy.evaluator import AllowedKey, Candidate, Evaluator
 from driver.policy.explain import explain_failure, largest_first
 from driver.policy.firstfit import FirstFitPolicy
 from driver.policy.model import AllowedTable, Choice, DeviceRequest, EndHint, GpuRef, GpuState, Placement
+from driver.policy.pairsearch import best_pair
 
 # `PackingPolicy.hint_weight`'s default: the weight of a full lifetime's delay of a GPU becoming whole.
 # Chosen coarsely from three values in benchmarks/packing (see benchmarks/RESULTS.md, "Lifetime hint").
@@ -44,7 +45,8 @@ class PackingPolicy:
     state could yield the winning node key, and among those only the first by name that still could
     win (with hundreds of equally good GPUs, the first few); a multi-device pod whose devices share one filter visits
     nodes in order of a lower bound of their cost (by name within one bound, with a lower bound of their
-    free slices) and stops when no node left can win; any other pod
+    free slices) and stops when no node left can win (two devices: a bound per node, from the pairs of
+    GPU states it holds, in pairsearch.py); any other pod
     runs the per-node greedy pass on states, skipping nodes where some device has no GPU at all.
     `tests/unit/policy/reference_policy.py` keeps the plain scan as the oracle these must equal.
 
@@ -168,19 +170,15 @@ class PackingPolicy:
         free, name): device i's GPU was first taken, from its original state, by some device j <= i,
         so its original free is at least the least free of the groups serving some j <= i; once the
         bound is not below the best key, no later node of the group (larger name) can win.
-        None (the caller scans) when the filters differ or some g_i is missing.
+        None (the caller scans) when the filters differ or some g_i is missing. Two devices go to
+        pairsearch.py instead: with per-node bounds it visits far fewer nodes when many tie.
         """
-        filt = ordered[0].device_filter
-        if any(r.device_filter is not filt for r in ordered) and not (
-            isinstance(filt, AllowedTable)
-            and all(
-                isinstance(r.device_filter, AllowedTable) and r.device_filter.table is filt.table
-                for r in ordered
-            )
-        ):
-            # One table, node_ok aside: groups ignore node_ok; a node some device's node_ok excludes
-            # fails as a whole, and on the others every device sees the table's pairs.
+        if not _shared_filter(ordered):
             return None
+        if len(ordered) == 2:
+            scan = _NodeScan(self, ev, ordered)
+            found = best_pair(ev, scan, ordered[0], ordered[1])
+            return (None if found is None else (found[0], scan.choices(found[0][2], found[1])),)
         first = ordered[0]
         groups = ev.groups(first)
         ranked: list[tuple[float, int, Iterable[GpuRef]]] = []
@@ -233,6 +231,19 @@ class PackingPolicy:
             # Each of this group's nodes has key >= (cost, least_free, name).
             best = _visit_group(scan, refs, seen, (cost, least_free), best)
         return (None if best is None else (best[0], scan.choices(best[0][2], best[1])),)
+
+
+def _shared_filter(ordered: Sequence[DeviceRequest]) -> bool:
+    """Whether every device sees the same groups: one filter, or one `AllowedTable`'s table (node_ok
+    aside: groups ignore it; a node some device's node_ok excludes fails as a whole, and on the others
+    every device sees the table's pairs)."""
+    filt = ordered[0].device_filter
+    return all(r.device_filter is filt for r in ordered) or (
+        isinstance(filt, AllowedTable)
+        and all(
+            isinstance(r.device_filter, AllowedTable) and r.device_filter.table is filt.table for r in ordered
+        )
+    )
 
 
 _Pick = tuple[int, Candidate]  # (slot in the node, candidate taken there)

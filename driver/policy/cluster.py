@@ -2,7 +2,8 @@
 
 Besides the capacity totals, the state keeps GPUs grouped by *state*: (catalog, occupancy) up to
 identity. GPUs in one state offer exactly the same candidates with the same capacity effects, so the
-policy evaluates each distinct state once per decision instead of once per GPU (see allocator.py).
+policy evaluates each distinct state once per decision instead of once per GPU (see allocator.py),
+and per state the nodes holding it and the states it shares a node with (see pairsearch.py).
 
 It also keeps, per GPU, the expected end of every instance committed with one (`commit(...,
 expected_end=)`): lifetime hints. They are deliberately not part of a GPU's state: the policy's
@@ -36,6 +37,9 @@ _MAX_TABLES = 32
 
 # Bound on interned states that no GPU is in (after-states the policy explored); cleared past this.
 _MAX_STATES = 32768
+
+_NO_NODES: Mapping[str, int] = {}
+_NO_PAIRS: Mapping[int, int] = {}
 
 
 def catalog_key(catalog: GpuCatalog) -> CatalogKey:
@@ -124,6 +128,10 @@ class ClusterState:
             n: [None] * len(rs) for n, rs in self._by_node.items()
         }
         self._members: dict[int, dict[GpuRef, None]] = {}
+        # Per state: node -> how many of its GPUs are in it (the two-device search's node index).
+        self._state_nodes: dict[int, dict[str, int]] = {}
+        # state -> state -> how many ordered pairs of distinct GPUs of one node are in those states.
+        self._pairs: dict[int, dict[int, int]] = {}
         # Lifetime hints: GPU -> instance start -> expected end (seconds); only GPUs holding a hinted
         # instance are keys, so an empty dict means no hint is in play anywhere.
         self._ends: dict[GpuRef, dict[int, float]] = {}
@@ -231,6 +239,14 @@ class ClusterState:
         """Every state some GPU is in, with those GPUs (in no particular order)."""
         return [(self._state_list[sid], refs) for sid, refs in self._members.items()]
 
+    def state_nodes(self, state: GpuStateClass) -> Mapping[str, int]:
+        """Nodes with a GPU in `state` (a live one), each with how many (do not modify)."""
+        return self._state_nodes.get(state.sid, _NO_NODES)
+
+    def colocated(self, state: GpuStateClass) -> Mapping[int, int]:
+        """State ids some GPU is in on a node where another GPU is in `state` (do not modify)."""
+        return self._pairs.get(state.sid, _NO_PAIRS)
+
     def intern(self, cid: int, catalog: GpuCatalog, occupancy: Occupancy) -> GpuStateClass:
         key: StateKey = (
             cid,
@@ -301,16 +317,53 @@ class ClusterState:
         self._log.append(ref)
         old = self._gpu_state.get(ref)
         if old is not None:
-            members = self._members[old.sid]
-            del members[ref]
-            if not members:
-                del self._members[old.sid]
+            self._drop_member(ref, old)
         if gpu.whole_gpu_taken:
             self._set_state(ref, None)
             return
         state = self.intern(self._gpu_cid[ref], gpu.catalog, gpu.occupancy)
         self._set_state(ref, state)
+        self._add_member(ref, state)
+
+    def _add_member(self, ref: GpuRef, state: GpuStateClass) -> None:
+        """Index `ref` (already `_set_state` to `state`) under its state, node and node neighbours."""
         self._members.setdefault(state.sid, {})[ref] = None
+        counts = self._state_nodes.setdefault(state.sid, {})
+        counts[ref.node] = counts.get(ref.node, 0) + 1
+        self._pair(ref, state, 1)
+
+    def _drop_member(self, ref: GpuRef, state: GpuStateClass) -> None:
+        """Undo `_add_member(ref, state)`."""
+        members = self._members[state.sid]
+        del members[ref]
+        if not members:
+            del self._members[state.sid]
+        counts = self._state_nodes[state.sid]
+        left = counts[ref.node] - 1
+        if left:
+            counts[ref.node] = left
+        else:
+            del counts[ref.node]
+            if not counts:
+                del self._state_nodes[state.sid]
+        self._pair(ref, state, -1)
+
+    def _pair(self, ref: GpuRef, state: GpuStateClass, delta: int) -> None:
+        """Count (both ways) the pairs `ref` in `state` forms with the other live GPUs of its node."""
+        pairs = self._pairs
+        own = self._slot[ref]
+        for slot, other in enumerate(self._node_classes[ref.node]):
+            if other is None or slot == own:
+                continue
+            for a, b in ((state.sid, other.sid), (other.sid, state.sid)):
+                row = pairs.setdefault(a, {})
+                count = row.get(b, 0) + delta
+                if count:
+                    row[b] = count
+                else:
+                    del row[b]
+                    if not row:
+                        del pairs[a]
 
     def _set_state(self, ref: GpuRef, state: GpuStateClass | None) -> None:
         self._gpu_state[ref] = state
@@ -321,15 +374,19 @@ class ClusterState:
         self._states.clear()
         self._state_list.clear()
         self._members.clear()
+        self._state_nodes.clear()
+        self._pairs.clear()
         self.memo.clear()
         self._generation += 1
         current = list(self._gpu_state)
         self._gpu_state.clear()
+        for ref in current:  # no stale neighbours for `_pair` while re-indexing
+            self._set_state(ref, None)
         for ref in current:
             gpu = self._gpus[ref]
             if not gpu.whole_gpu_taken:
                 state = self.intern(self._gpu_cid[ref], gpu.catalog, gpu.occupancy)
                 self._set_state(ref, state)
-                self._members.setdefault(state.sid, {})[ref] = None
+                self._add_member(ref, state)
             else:
                 self._set_state(ref, None)
