@@ -9,7 +9,6 @@ start, in firstfit.py). Both read a `ClusterState` and change nothing; the calle
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from heapq import heapify, heappop
 from typing import Protocol
 
 from driver.catalog.types import MigProfile
@@ -18,7 +17,7 @@ from driver.policy.evaluator import AllowedKey, Candidate, Evaluator
 from driver.policy.explain import explain_failure, largest_first
 from driver.policy.firstfit import FirstFitPolicy
 from driver.policy.model import AllowedTable, Choice, DeviceRequest, EndHint, GpuRef, GpuState, Placement
-from driver.policy.pairsearch import best_pair
+from driver.policy.pairsearch import best_pair, visit_nodes
 
 # `PackingPolicy.hint_weight`'s default: the weight of a full lifetime's delay of a GPU becoming whole.
 # Chosen coarsely from three values in benchmarks/packing (see benchmarks/RESULTS.md, "Lifetime hint").
@@ -255,17 +254,7 @@ def _visit_group(
 ) -> _Best | None:
     """Scan a group's unseen nodes by name, each with key >= (*bound, name); stop once that bound
     is not below the best key (no later node of the group can win). Returns the new best."""
-    names = list({r.node for r in refs} - seen)
-    heapify(names)  # popped lazily: usually only the first few are needed
-    while names:
-        node = heappop(names)
-        if best is not None and (*bound, node) >= best[0]:
-            break
-        seen.add(node)
-        result = scan.key(node)
-        if result is not None and (best is None or result[0] < best[0]):
-            best = result
-    return best
+    return visit_nodes(scan, list({r.node for r in refs} - seen), seen, bound, best)
 
 
 class _NodeScan:

@@ -113,7 +113,7 @@ def best_pair(ev: Evaluator, scan: NodeKey, first: DeviceRequest, second: Device
         else:
             j = twos[k][2]
             names = nodes.holding(i, j, 2 if i == j else 1, seen, limit)
-        best = _visit(scan, names, seen, bound, best)
+        best = visit_nodes(scan, names, seen, bound, best)
     return best
 
 
@@ -168,10 +168,11 @@ class _NodeSets:
         return found
 
 
-def _visit(
+def visit_nodes(
     scan: NodeKey, names: list[str], seen: set[str], bound: tuple[float, int], best: _Best | None
 ) -> _Best | None:
-    """Scan unseen nodes by name, each with key >= (*bound, name), until that is not below the best."""
+    """Scan unseen nodes by name, each with key >= (*bound, name), until that is not below the best
+    key (no later node can win). Returns the new best; `names` is consumed."""
     heapify(names)  # popped lazily: usually only the first few are needed
     while names:
         node = heappop(names)

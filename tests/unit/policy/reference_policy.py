@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from unittest import mock
 
 from driver.catalog.types import MigProfile
 from driver.placement.occupancy import Occupancy
+from driver.policy import allocator
 from driver.policy.capacity import CapacityVector
 from driver.policy.cluster import ClusterState
 from driver.policy.explain import explain_failure, free_placements, largest_first, profiles_for, serves
@@ -175,3 +178,17 @@ def release_random(rng: random.Random, gpus: Sequence[GpuState], *clusters: Clus
         inst = rng.choice(instances)
         for cluster in clusters:
             cluster.release(ref, inst.profile, inst.start)
+
+
+@contextmanager
+def scanned_nodes() -> Iterator[list[str]]:
+    """The nodes `PackingPolicy` prices with its per-node scan while the block runs, in order."""
+    priced: list[str] = []
+    original = allocator._NodeScan.key
+
+    def counting(self: allocator._NodeScan, node: str):  # type: ignore[no-untyped-def]
+        priced.append(node)
+        return original(self, node)
+
+    with mock.patch.object(allocator._NodeScan, "key", counting):
+        yield priced

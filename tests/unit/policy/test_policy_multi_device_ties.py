@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from unittest import mock
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from reference_policy import ReferencePackingPolicy, release_random, twin
+from reference_policy import ReferencePackingPolicy, release_random, scanned_nodes, twin
 from test_policy_scale_equivalence import _same
 
 from driver.catalog.simulated import simulated_catalog
 from driver.placement.occupancy import Occupancy
-from driver.policy import allocator
 from driver.policy.allocator import PackingPolicy
 from driver.policy.cluster import ClusterState
 from driver.policy.model import AllowedTable, DeviceRequest, EndHint, GpuRef, GpuState
@@ -94,14 +92,7 @@ def test_identical_empty_nodes_stop_after_the_first_by_name() -> None:
         for i in range(4)
     ]
     requests = [DeviceRequest("a", 20000), DeviceRequest("b", 10000)]
-    priced: list[str] = []
-    original = allocator._NodeScan.key
-
-    def counting(self: allocator._NodeScan, node: str):  # type: ignore[no-untyped-def]
-        priced.append(node)
-        return original(self, node)
-
-    with mock.patch.object(allocator._NodeScan, "key", counting):
+    with scanned_nodes() as priced:
         got = PackingPolicy().place(ClusterState(gpus), requests)
     assert got == ReferencePackingPolicy().place(ClusterState(dataclasses.replace(g) for g in gpus), requests)
     assert {c.gpu.node for c in got.choices} == {"node-000"}

@@ -17,7 +17,7 @@ from unittest import mock
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from reference_policy import ReferencePackingPolicy, release_random, twin
+from reference_policy import ReferencePackingPolicy, release_random, scanned_nodes, twin
 from test_policy_scale_equivalence import PRICING, _same
 
 from driver.catalog.simulated import simulated_catalog
@@ -131,14 +131,7 @@ def test_identical_nodes_but_one_late_tighter_gpu_win_there_scanning_few() -> No
                 occ = occ.place(small, 1)
             gpus.append(GpuState(GpuRef(f"node-{n:03d}", i), cat, occ))
     requests = [DeviceRequest("a", 8000), DeviceRequest("b", 4000)]
-    priced: list[str] = []
-    original = allocator._NodeScan.key
-
-    def counting(self: allocator._NodeScan, node: str):  # type: ignore[no-untyped-def]
-        priced.append(node)
-        return original(self, node)
-
-    with mock.patch.object(allocator._NodeScan, "key", counting):
+    with scanned_nodes() as priced:
         got = PackingPolicy().place(ClusterState(gpus), requests)
     want = ReferencePackingPolicy().place(ClusterState(dataclasses.replace(g) for g in gpus), requests)
     _same(got, want)
