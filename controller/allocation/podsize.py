@@ -13,7 +13,9 @@ controller/shared/shares.py `classify`), taking each request's first alternative
 
 A pod whose size cannot be read (its claims are not created yet, a request the controller refuses,
 nothing published matches) has none and is decided after the sized pods, oldest first; the decision
-itself then says what is wrong. The size only orders: a stale or rough one costs packing, never
+itself then says what is wrong. A pod whose devices are all MIG devices is marked so (`PodSize.mig`):
+one with a single device is planned with the rest of its burst (driver/policy/placer.py
+`Placer.plan_burst`). The size only orders and advises: a stale or rough one costs packing, never
 correctness, because each pod is still decided on the state the pods before it leave.
 """
 
@@ -37,6 +39,7 @@ def pod_size(
     yet (a claim missing from `claims`, keyed namespace/name, raises ClaimsPending or KeyError)."""
     ns = pod["metadata"]["namespace"]
     memory = devices = 0
+    mig = True  # every device a MIG device: a one-device pod may then follow a burst plan
     amounts = ShareAmounts(index.inventory, index.share_amounts_cache)
     for name in claim_names(pod).values():
         claim = claims[f"{ns}/{name}"]
@@ -53,6 +56,7 @@ def pod_size(
                 kind = classify(index, alt, where)
             except RequestError:
                 return None
+            mig = mig and kind.kind is AltKind.MIG
             if kind.kind is AltKind.MIG:
                 each = kind.mig.min_memory_mib
             elif kind.kind is AltKind.WHOLE:
@@ -66,4 +70,4 @@ def pod_size(
                 return None
             memory += each * alt.count
             devices += alt.count
-    return PodSize(memory, devices)
+    return PodSize(memory, devices, mig=mig and devices > 0)

@@ -192,6 +192,14 @@ class ControllerMetrics:
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1),
             registry=self.registry,
         )
+        self.burst_plan_latency = Histogram(
+            "flexmig_controller_burst_plan_seconds",
+            "Time to plan a step's one-device MIG pods together (outcome: planned, skipped: too large "
+            "or out of time, failed)",
+            ["outcome"],
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
+            registry=self.registry,
+        )
         self.reconcile_errors = PromCounter(
             "flexmig_reconcile_errors", "Failed reconcile steps, by stage", ["stage"], registry=self.registry
         )

@@ -5,14 +5,12 @@ Same question and model as `FitProgram` (driver/policy/bound.py) and `SearchProg
 count; per request class t, the instances of >= t MiB at least the requests of class >= t. A solver
 answers the hard (infeasible, near-full) questions of the default `flexmig simulate` run in about a
 second in all, where the pure-Python search needs ~10 s, so the command uses it when it can
-(`highspy` is in the `dev` extra).
+(`highspy` is a dependency; `available()` still guards an install without it).
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,20 +31,10 @@ class HighsProgram:
         self._highs: Any = None
 
     def _solver(self) -> Any:
-        import highspy  # optional dependency, checked by available()
-
         if self._highs is None:
-            # HiGHS prints a banner from C on file descriptor 1 when the first instance is built; send
-            # it to stderr so that stdout (`--json`) stays one JSON document.
-            sys.stdout.flush()
-            saved = os.dup(1)
-            try:
-                os.dup2(2, 1)
-                self._highs = highspy.Highs()  # type: ignore[no-untyped-call]
-            finally:
-                os.dup2(saved, 1)
-                os.close(saved)
-            self._highs.setOptionValue("output_flag", False)
+            from driver.policy.highs import quiet_highs  # imports highspy, checked by available()
+
+            self._highs = quiet_highs()  # no banner on stdout: `--json` stays one document
         self._highs.clearModel()
         return self._highs
 
