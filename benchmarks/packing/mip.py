@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import highspy
 
 from driver.policy.bound import ModelGroup
+from driver.policy.highs import quiet_highs
 
 
 def _classes(groups: Sequence[ModelGroup], sizes: Sequence[int]) -> tuple[list[int], list[int]] | None:
@@ -37,8 +38,7 @@ def _solve(groups: Sequence[ModelGroup], sizes: Sequence[int], minimise: bool) -
     if shape is None:
         return None
     thresholds, demand = shape
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
+    h = quiet_highs()
     h.setOptionValue("time_limit", 60.0)
     columns: list[tuple[int, int]] = []
     for gi, group in enumerate(groups):
