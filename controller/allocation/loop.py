@@ -23,13 +23,17 @@ supply of larger pods cannot take every freed GPU from it; the gauge
 `flexmig_controller_oldest_pending_pod_seconds` shows the longest wait. Waits count from when this
 process first saw the pod gated (`Pending.first_seen`): a restarted controller starts them again.
 
-Exact plans: before deciding them, the step plans its one-device MIG pods together with the
-integer program of driver/policy/burstplan.py (`Placer.plan_burst`, on the cluster as the step finds
-it); each such pod's decision then takes the first planned slot of its size that is still free and
-that its selectors allow, and the policy decides the rest. Largest first alone opened 1.058x the
-optimum GPU count on the H100-80GB bursts of benchmarks/packing, the plan the optimum
-(tests/unit/controller/test_ctl_burstplan.py: a burst only the plan fits). The plan lives for the
-step only.
+Exact plans: before deciding them, the step plans its burst together with the integer program of
+driver/policy/burstplan.py (controller/allocation/burststep.py `BurstPlanning`, on the
+cluster as the step finds it and the nodes the burst's pods may use): the one-device MIG pods whose
+selectors ask for memory only, when they all have the same node constraints (a Job's pods), at most
+`MAX_BURST_PODS` of them. Each of those pods then takes the first planned slot of its size that is
+still free and that its own table allows; every other pod, and any planned pod whose slot is gone, is
+decided by the policy. Largest first alone opened 1.058x the optimum GPU count on the H100-80GB
+bursts of benchmarks/packing, the plan the optimum (tests/unit/controller/test_ctl_burstplan.py: a
+burst only the plan fits). Pods with different constraints get no plan: a plan for one group does not
+see what the others need, and following it placed less than pod by pod in some such steps. The plan
+lives for the step only; a group whose plan ran out of budget waits `RESYNC_S` before the next try.
 
 There is no gather window (holding new pods a few hundred ms so that a burst arriving over that time
 is ordered together): it would add its length to every pod's allocation latency and need the loop
@@ -55,6 +59,7 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
 from controller.allocation.allocate import Pending, PodAllocation, allocated_devices
+from controller.allocation.burststep import BurstPlanning
 from controller.allocation.deallocate import deallocate, has_finalizer, needs_attention
 from controller.allocation.lifetime import ClaimEnds, running_end
 from controller.allocation.nodefilter import schedulable_view
@@ -68,7 +73,7 @@ from controller.runtime.metrics import ControllerMetrics, Snapshot, instance_row
 from controller.state.inventory import Inventory
 from controller.state.ledger import Ledger
 from driver.looprunner import LoopRunner
-from driver.policy.placer import AGE_FIRST_AFTER_S, Placer, Policy
+from driver.policy.placer import AGE_FIRST_AFTER_S, BURST_PLAN_BUDGET_S, Placer, Policy
 
 log = structlog.get_logger(__name__)
 
@@ -92,11 +97,12 @@ class Controller(PodAllocation):
         metrics: ControllerMetrics | None = None,
         is_leader: Callable[[], bool] = lambda: True,
         age_first_after_s: float = AGE_FIRST_AFTER_S,
+        burst_budget_s: float = BURST_PLAN_BUDGET_S,
     ) -> None:
         self.cache = cache
         self.age_first_after_s = age_first_after_s
         self.writer = writer
-        self.placer = Placer(policy)
+        self.placer = Placer(policy, burst_budget_s)
         self.metrics = metrics or ControllerMetrics()
         self.is_leader = is_leader
         if writer is not None:  # leadership is checked before every write, not once per step
@@ -108,6 +114,7 @@ class Controller(PodAllocation):
         self.pending: dict[str, Pending] = {}
         self.dirty: set[str] = set()
         self.claims_to_check: set[str] = set()
+        self.bursts = BurstPlanning(retry_after_s=RESYNC_S)
         self.pods_by_uid: dict[str, Obj] = {}
         self.live_refs = LiveRefs()
         # Lifetime hints of decided and running pods, by the claims they reference, so the ledger
@@ -278,10 +285,18 @@ class Controller(PodAllocation):
             self.claims_to_check |= {k for k, c in self.cache["resourceclaims"].items() if has_finalizer(c)}
         if self._leading() and self.writer is not None:
             order = self._decision_order()
-            self._plan_burst(order)
+            planned = self.bursts.plan(
+                self.placer,
+                self.metrics,
+                self.ledger.cluster,
+                order,
+                [self._pod_size(k) for k in order],
+                lambda key: self._node_filter(self.cache["pods"][key], []),
+            )
             try:
                 for key in order:
                     self.dirty.discard(key)
+                    self.placer.follow_plan(key in planned)
                     if not self._guard("allocate", self._process_pod, key):
                         self.dirty.add(key)
                         break
@@ -309,27 +324,6 @@ class Controller(PodAllocation):
         sizes = [self._pod_size(k) for k in by_age]
         waited = [now - self.pending[k].first_seen if k in self.pending else 0.0 for k in by_age]
         return [by_age[i] for i in self.placer.batch_order(sizes, waited, self.age_first_after_s)]
-
-    def _plan_burst(self, order: list[str]) -> None:
-        """Plan this step's one-device MIG pods together (driver/policy/placer.py `Placer.plan_burst`);
-        the decisions below follow the plan where it still holds. Advice only: a plan that fails is
-        no plan, and every pod is decided by the policy alone. Its time is
-        `flexmig_controller_burst_plan_seconds` (the step's pods wait for it: up to
-        driver/policy/burstplan.py `TIME_BUDGET_S`)."""
-        sizes = [self._pod_size(k) for k in order]
-        if self.placer.burst_candidates(sizes) < 2:
-            return  # nothing to plan together: no time spent, nothing observed
-        began = time.perf_counter()
-        try:
-            planned = self.placer.plan_burst(self.ledger.cluster, sizes)
-        except Exception as exc:  # never worth failing a step for
-            self.placer.end_burst()
-            self.metrics.burst_plan_latency.labels("failed").observe(time.perf_counter() - began)
-            log.exception("burst plan failed; deciding pod by pod", error=str(exc))
-            return
-        took = time.perf_counter() - began
-        self.metrics.burst_plan_latency.labels("planned" if planned else "skipped").observe(took)
-        log.debug("burst planned", pods=len(order), planned=planned, seconds=round(took, 4))
 
     def _guard(self, stage: str, fn: Callable[[str], None], key: str) -> bool:
         """Run one reconcile; False when leadership was lost (stop writing at once)."""

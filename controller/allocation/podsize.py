@@ -13,19 +13,22 @@ controller/shared/shares.py `classify`), taking each request's first alternative
 
 A pod whose size cannot be read (its claims are not created yet, a request the controller refuses,
 nothing published matches) has none and is decided after the sized pods, oldest first; the decision
-itself then says what is wrong. A pod whose devices are all MIG devices is marked so (`PodSize.mig`):
-one with a single device is planned with the rest of its burst (driver/policy/placer.py
-`Placer.plan_burst`). The size only orders and advises: a stale or rough one costs packing, never
-correctness, because each pod is still decided on the state the pods before it leave.
+itself then says what is wrong. A pod with one MIG device asked one way, and no claim allocated yet,
+whose selectors ask for memory only (controller/claims/requests.py `CandidateIndex.memory_only`)
+gets a plan key (`PodSize.plan_key`: its node constraints): pods with equal keys may be planned together (driver/policy/placer.py `Placer.burst_group`). The size only orders and
+advises: a stale or rough one costs packing, never correctness, because each pod is still decided on
+the state the pods before it leave.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
+from api.constants import ANNOTATION_EXPECTED_DURATION
 from controller.claims.podclaims import claim_names
-from controller.claims.requests import CandidateIndex, RequestError, claim_requests
+from controller.claims.requests import Alternative, CandidateIndex, RequestError, claim_requests
 from controller.shared.shares import AltKind, ShareAmounts, classify
 from driver.policy.placer import PodSize
 
@@ -39,11 +42,14 @@ def pod_size(
     yet (a claim missing from `claims`, keyed namespace/name, raises ClaimsPending or KeyError)."""
     ns = pod["metadata"]["namespace"]
     memory = devices = 0
-    mig = True  # every device a MIG device: a one-device pod may then follow a burst plan
+    # The one MIG request a burst plan may place (None once anything else is seen).
+    plannable: Alternative | None = None
+    other = False
     amounts = ShareAmounts(index.inventory, index.share_amounts_cache)
     for name in claim_names(pod).values():
         claim = claims[f"{ns}/{name}"]
         if (claim.get("status") or {}).get("allocation"):
+            other = True  # an allocated claim pins the node: not the burst's node filter
             continue
         try:
             requests = claim_requests(claim, classes, index)
@@ -56,7 +62,17 @@ def pod_size(
                 kind = classify(index, alt, where)
             except RequestError:
                 return None
-            mig = mig and kind.kind is AltKind.MIG
+            if (
+                kind.kind is AltKind.MIG
+                and len(req.alternatives) == 1
+                and alt.count == 1
+                and plannable is None
+                and not alt.capacity_requested
+                and index.memory_only(alt.selectors)
+            ):
+                plannable = alt
+            else:
+                other = True
             if kind.kind is AltKind.MIG:
                 each = kind.mig.min_memory_mib
             elif kind.kind is AltKind.WHOLE:
@@ -70,4 +86,25 @@ def pod_size(
                 return None
             memory += each * alt.count
             devices += alt.count
-    return PodSize(memory, devices, mig=mig and devices > 0)
+    # A hinted pod is priced with its co-location term, which the plan does not model.
+    hinted = ANNOTATION_EXPECTED_DURATION in ((pod.get("metadata") or {}).get("annotations") or {})
+    key = None if other or hinted or plannable is None else _plan_key(pod)
+    return PodSize(memory, devices, plan_key=key)
+
+
+def _plan_key(pod: Obj) -> str:
+    """What must be equal for pods to share one burst plan, given that their selectors ask for
+    memory only (`CandidateIndex.memory_only`): the pod's node constraints (one node filter), as
+    canonical JSON."""
+    spec = pod.get("spec") or {}
+    affinity = (spec.get("affinity") or {}).get("nodeAffinity") or {}
+    return json.dumps(
+        {
+            "nodeName": spec.get("nodeName") or "",
+            "nodeSelector": spec.get("nodeSelector") or {},
+            "required": affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {},
+            "tolerations": spec.get("tolerations") or [],
+        },
+        sort_keys=True,
+        default=str,
+    )

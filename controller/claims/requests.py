@@ -246,6 +246,7 @@ class CandidateIndex:
         self.inventory = inventory
         self.cel = cel_env
         self._cache: dict[tuple[str, ...], Candidates] = {}
+        self._memory_only: dict[tuple[str, ...], bool] = {}
         self._shared: dict[tuple[str, ...], dict[GpuRef, PublishedDevice]] = {}
         self._whole: dict[tuple[str, ...], frozenset[GpuRef]] = {}
         # Per (selectors, share spec): what one share consumes on each GPU (controller/shared/shares.py).
@@ -302,6 +303,25 @@ class CandidateIndex:
         result = Candidates(per_gpu, min_memory or 0, errors)
         self._cache[selectors] = result
         return result
+
+    def memory_only(self, selectors: tuple[str, ...]) -> bool:
+        """Whether `selectors` admit, on every GPU, exactly the MIG devices of at least
+        `candidates(selectors).min_memory_mib`: they ask for memory and nothing else (no model, no
+        GPU, no profile), as a burst plan assumes (controller/allocation/podsize.py). A selector that
+        admits more (a profile between the asked memory and that least profile) counts as more."""
+        hit = self._memory_only.get(selectors)
+        if hit is None:
+            found = self.candidates(selectors)
+            least = found.min_memory_mib
+            hit = least > 0
+            for gpu in self.inventory.gpus.values() if hit else ():
+                memory = {p.name: p.memory_mib for p in gpu.catalog.profiles}
+                enough = frozenset(ps for ps in gpu.mig_devices if memory.get(ps[0], 0) >= least)
+                if found.per_gpu.get(gpu.ref, frozenset()) != enough:
+                    hit = False
+                    break
+            self._memory_only[selectors] = hit
+        return hit
 
     def whole_candidates(self, selectors: tuple[str, ...]) -> frozenset[GpuRef]:
         """The GPUs whose whole-GPU device `gpu-<i>` a selector set admits (allocated or not)."""

@@ -31,7 +31,7 @@ from controller.kube.writer import Writer
 from controller.runtime.health import HealthServer
 from controller.runtime.metrics import ControllerMetrics
 from driver.looprunner import LoopGroup, LoopRunner
-from driver.policy.placer import Policy
+from driver.policy.placer import BURST_PLAN_BUDGET_S, Policy
 
 log = structlog.get_logger(__name__)
 
@@ -55,6 +55,7 @@ class ProcessOptions:
     metrics_port: int | None = None  # None: no metrics/health port; 0: any free port
     metrics_address: str = "0.0.0.0"
     policy: Policy | None = None
+    burst_budget_s: float = BURST_PLAN_BUDGET_S  # 0: no burst plans (driver/policy/burstplan.py)
     webhook_tick_s: float = 10.0
     reflector_stuck_after_s: float = STUCK_AFTER_S
     lease_s: float = 15.0
@@ -110,6 +111,7 @@ class ControllerProcess:
             self.cache,
             self.writer,
             policy=options.policy,
+            burst_budget_s=options.burst_budget_s,
             metrics=self.metrics,
             is_leader=self.leading,
         )

@@ -28,7 +28,7 @@ old pod that does not fit yet leaves what frees to the younger ones decided afte
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 from driver.policy.allocator import PackingPolicy, Policy
@@ -41,16 +41,19 @@ from driver.policy.model import Choice, DeviceRequest, Placement
 class PodSize:
     """What one pending pod asks for, as far as the batch order cares: memory in MiB, and devices.
 
-    `mig`: every device is a MIG device (a one-device MIG pod is what a burst plan may place); not
-    part of equality, the order reads only memory and devices."""
+    `plan_key`: set only for a pod a burst plan may place (one MIG device, one way to ask for it,
+    nothing allocated yet): what must be equal for pods to be planned together (device class,
+    selectors, node constraints), so that one allowed table and one node filter hold for all of them
+    (driver/policy/placer.py `Placer.burst_group`). Not part of equality: the order reads only memory
+    and devices."""
 
     memory_mib: int
     devices: int
-    mig: bool = field(default=False, compare=False)
+    plan_key: Hashable | None = field(default=None, compare=False)
 
     @classmethod
     def of(cls, requests: Sequence[DeviceRequest]) -> PodSize:
-        return cls(sum(r.memory_mib for r in requests), len(requests), mig=True)
+        return cls(sum(r.memory_mib for r in requests), len(requests))
 
 
 AGE_FIRST_AFTER_S = 120.0

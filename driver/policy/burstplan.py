@@ -34,7 +34,7 @@ incomplete solve is never used. Nothing of `cluster` changes except its interned
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import highspy
@@ -46,6 +46,10 @@ from driver.policy.highs import quiet_highs
 from driver.policy.model import Choice, DeviceRequest, GpuRef, GpuState
 
 MIN_PODS = 2
+MAX_BURST_PODS = 16
+"""Pods one controller step plans together at most (the first ones in its decision order; the rest
+go per pod). Measured on 1000-5000 nodes x 8 GPUs at 70 % full: bursts of 10-20 plan in 0.2-0.4 s,
+larger ones mostly run out of `TIME_BUDGET_S` and would cost the budget every step for nothing."""
 MAX_COMPLETIONS = 20_000
 """Bound on the completions enumerated (distinct states after x requests served, over all states; the
 program keeps the cheapest per state and requests served): a burst on a cluster with very many
@@ -92,11 +96,13 @@ def plan_burst(
     requests: Sequence[DeviceRequest],
     time_budget_s: float = TIME_BUDGET_S,
     max_completions: int = MAX_COMPLETIONS,
+    gpu_ok: Callable[[GpuRef], bool] | None = None,
 ) -> list[Choice | None] | None:
     """One planned choice per request (None: the plan leaves it out, nothing fits it), mutually
     consistent on `cluster`; or None when the plan is skipped (see the module docstring).
 
-    Every request must be `plain` alone (as a one-device pod)."""
+    Every request must be `plain` alone (as a one-device pod). `gpu_ok`: the GPUs the plan may use
+    (all when None), e.g. those on the nodes the pods may run on."""
     if len(requests) < MIN_PODS:
         return None
     if not all(plain([r]) for r in requests):
@@ -107,18 +113,35 @@ def plan_burst(
     demand = tuple(sum(1 for r in requests if r.memory_mib == m) for m in sizes)
     weights = policy.weights(cluster)
     try:
-        columns = _enumerate(policy, cluster, sizes, demand, weights, deadline, max_completions)
-        counts = _solve(columns, cluster, sizes, demand, deadline)
+        members = _members(cluster, gpu_ok)
+        columns = _enumerate(policy, cluster, members, sizes, demand, weights, deadline, max_completions)
+        counts = _solve(columns, members, demand, sizes, deadline)
     except _Budget:
         return None
     if counts is None:
         return None
-    return _assign(cluster, requests, sizes, columns, counts)
+    return _assign(cluster, members, requests, sizes, columns, counts)
+
+
+def _members(
+    cluster: ClusterState, gpu_ok: Callable[[GpuRef], bool] | None
+) -> dict[GpuStateClass, list[GpuRef]]:
+    """Per live state, its usable GPUs by (node, index), states in order of their first GPU: the
+    program's columns, hence its choice among equally good solutions, then depend on names, not
+    on the order states were interned in (which differs across restarts and event orders)."""
+    out: list[tuple[GpuRef, GpuStateClass, list[GpuRef]]] = []
+    for state, refs in cluster.live_states():
+        usable = sorted((r for r in refs if gpu_ok is None or gpu_ok(r)), key=lambda r: (r.node, r.gpu_index))
+        if usable:
+            out.append((usable[0], state, usable))
+    out.sort(key=lambda e: (e[0].node, e[0].gpu_index))
+    return {state: usable for _, state, usable in out}
 
 
 def _enumerate(
     policy: PackingPolicy,
     cluster: ClusterState,
+    members: dict[GpuStateClass, list[GpuRef]],
     sizes: list[int],
     demand: tuple[int, ...],
     weights: tuple[float, ...],
@@ -126,7 +149,7 @@ def _enumerate(
     limit: int,
 ) -> list[_Completion]:
     out: list[_Completion] = []
-    for state, _ in sorted(cluster.live_states(), key=lambda s: s[0].sid):
+    for state in members:
         limit -= _completions(policy, cluster, state, sizes, demand, weights, deadline, limit, out)
     return out
 
@@ -218,15 +241,15 @@ def _completions(
 
 def _solve(
     columns: list[_Completion],
-    cluster: ClusterState,
-    sizes: list[int],
+    members: dict[GpuStateClass, list[GpuRef]],
     demand: tuple[int, ...],
+    sizes: list[int],
     deadline: float,
 ) -> list[int] | None:
     """How many GPUs take each completion, optimal in both objectives; None if not proven."""
     if not columns:
         return None
-    states = {state.sid: len(refs) for state, refs in cluster.live_states()}
+    states = {state.sid: len(refs) for state, refs in members.items()}
     h = quiet_highs()
     # HiGHS's presolve took 2 s of a 2 s solve on a burst over 169 states (every column an integer
     # with its own bound); without it the root LP and cuts solve the same programs in about 0.1 s.
@@ -241,7 +264,7 @@ def _solve(
     by_state: dict[int, list[int]] = {}
     for j, c in enumerate(columns):
         by_state.setdefault(c.state.sid, []).append(j)
-    for sid, idx in sorted(by_state.items()):
+    for sid, idx in by_state.items():  # columns' order: by GPU names (`_members`)
         h.addRow(0.0, float(states[sid]), len(idx), idx, [1.0] * len(idx))
     for k, need in enumerate(demand):
         idx = [j for j, c in enumerate(columns) if c.served[k]]
@@ -272,14 +295,13 @@ def _run(h: highspy.Highs, coefs: list[float], sense: highspy.ObjSense, deadline
 
 def _assign(
     cluster: ClusterState,
+    usable: dict[GpuStateClass, list[GpuRef]],
     requests: Sequence[DeviceRequest],
     sizes: list[int],
     columns: list[_Completion],
     counts: list[int],
 ) -> list[Choice | None]:
-    members = {
-        state.sid: sorted(refs, key=lambda r: (r.node, r.gpu_index)) for state, refs in cluster.live_states()
-    }
+    members = {state.sid: refs for state, refs in usable.items()}
     queues: list[list[int]] = [[] for _ in sizes]
     position = {m: k for k, m in enumerate(sizes)}
     for n, request in enumerate(requests):

@@ -1,9 +1,11 @@
 """A HiGHS solver instance that prints nothing.
 
 HiGHS writes a two-line banner from C straight to file descriptor 1 when a process builds its first
-instance, before any option can turn output off. On the controller and `flexmig simulate --json`
-stdout is a machine-read stream (JSON log lines, one JSON document), so the first instance is built
-with descriptor 1 pointed at descriptor 2 for that moment; later instances print nothing.
+instance, before any option can turn output off. `flexmig simulate --json` writes one JSON document to
+stdout, and nothing of ours should write to a stream it does not own, so the first instance is built
+with descriptor 1 pointed at descriptor 2 for that moment (another thread's stdout output in that
+moment goes to stderr too: it is lost to neither); later instances print nothing. If the descriptors
+cannot be duplicated (out of file descriptors), the banner goes to stdout rather than the solve failing.
 """
 
 from __future__ import annotations
@@ -26,13 +28,19 @@ def quiet_highs() -> highspy.Highs:
             h = highspy.Highs()  # type: ignore[no-untyped-call]
         else:
             sys.stdout.flush()
-            saved = os.dup(1)
             try:
-                os.dup2(2, 1)
+                saved = os.dup(1)
+            except OSError:
+                saved = -1
+            if saved < 0:
                 h = highspy.Highs()  # type: ignore[no-untyped-call]
-            finally:
-                os.dup2(saved, 1)
-                os.close(saved)
+            else:
+                try:
+                    os.dup2(2, 1)
+                    h = highspy.Highs()  # type: ignore[no-untyped-call]
+                finally:
+                    os.dup2(saved, 1)
+                    os.close(saved)
             _first_built = True
     h.setOptionValue("output_flag", False)
     return h

@@ -25,6 +25,8 @@ log = structlog.get_logger(__name__)
 
 MODES = ("controller", "scheduler")
 POLICIES = ("flexmig", "first-fit")
+BURST_PLAN_BUDGET_S = 0.5  # driver/policy/burstplan.py TIME_BUDGET_S (not imported: keeps `--help` light)
+MAX_BURST_BUDGET_S = 10.0  # the step's pods wait for the plan: more than this is a stalled controller
 
 
 def register(subparsers: Any) -> None:
@@ -32,6 +34,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), help="default: in-cluster config")
     p.add_argument("--mode", default="controller", help=f"allocation mode: {', '.join(MODES)}")
     p.add_argument("--policy", default="flexmig", help=f"placement policy: {', '.join(POLICIES)}")
+    p.add_argument(
+        "--burst-plan-budget",
+        type=float,
+        default=BURST_PLAN_BUDGET_S,
+        help=f"seconds a step may spend planning its one-device MIG pods together, 0 to {MAX_BURST_BUDGET_S:g} "
+        f"(0 turns burst plans off; default {BURST_PLAN_BUDGET_S:g})",
+    )
     p.add_argument(
         "--metrics-port",
         type=int,
@@ -50,6 +59,11 @@ def _validate(args: argparse.Namespace) -> str | None:
         return f"--mode: {args.mode!r} is not one of {', '.join(MODES)}"
     if args.policy not in POLICIES:
         return f"--policy: {args.policy!r} is not one of {', '.join(POLICIES)}"
+    if not 0 <= args.burst_plan_budget <= MAX_BURST_BUDGET_S:  # NaN fails too
+        return (
+            f"--burst-plan-budget: {args.burst_plan_budget} is not a number of seconds from 0 to "
+            f"{MAX_BURST_BUDGET_S:g} (0 turns burst plans off)"
+        )
     if not 0 <= args.metrics_port <= 65535:
         return f"--metrics-port: {args.metrics_port} is not a port (0..65535, 0 disables)"
     if args.leader_elect not in ("true", "false"):
@@ -102,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
         leader_elect=args.leader_elect == "true",
         metrics_port=args.metrics_port or None,
         policy=PackingPolicy() if args.policy == "flexmig" else FirstFitPolicy(),
+        burst_budget_s=args.burst_plan_budget,
     )
     try:
         process = ControllerProcess(api, options, webhook=webhook)

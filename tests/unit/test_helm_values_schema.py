@@ -69,6 +69,18 @@ def test_enums_match_the_cli(schema: dict[str, Any]) -> None:
     assert sorted(prop(schema, "nodeConfig.nodeconfig.[].operatingmode")["enum"]) == modes
 
 
+def test_burst_plan_budget_matches_the_cli_and_the_planner(
+    schema: dict[str, Any], values: dict[str, Any]
+) -> None:
+    from driver.policy.burstplan import TIME_BUDGET_S
+
+    budget = prop(schema, "controller.burstPlanBudgetSeconds")
+    assert (budget["minimum"], budget["maximum"]) == (0, controller_cmd.MAX_BURST_BUDGET_S)
+    assert (
+        values["controller"]["burstPlanBudgetSeconds"] == controller_cmd.BURST_PLAN_BUDGET_S == TIME_BUDGET_S
+    )
+
+
 def test_profile_pattern_is_the_allowlist_parsers(schema: dict[str, Any]) -> None:
     pattern = prop(schema, "deviceConfig.migProfileAllowlist.[].profiles.[]")["pattern"]
     assert pattern == PROFILE_NAME_PATTERN

@@ -24,7 +24,6 @@ from controller.claims.requests import CandidateIndex
 from controller.kube.watchcache import Event
 from controller.state.inventory import Inventory
 from driver.catalog.simulated import simulated_catalog
-from driver.policy.cluster import ClusterState
 from driver.policy.placer import AGE_FIRST_AFTER_S, Placer, PodSize
 
 A100 = {p.name: p.memory_mib for p in simulated_catalog("A100-40GB").profiles}
@@ -43,8 +42,8 @@ class AgeOrder(Placer):
     ) -> list[int]:
         return list(range(len(sizes)))
 
-    def plan_burst(self, cluster: ClusterState, sizes: Sequence[PodSize | None]) -> int:
-        return 0  # nor the burst plan (driver/policy/burstplan.py), which would place this burst too
+    def burst_group(self, sizes: Sequence[PodSize | None]) -> list[int]:
+        return []  # nor the burst plan (driver/policy/burstplan.py), which would place this burst too
 
 
 def _burst(h: Harness, pods: Sequence[tuple[int, int]]) -> None:

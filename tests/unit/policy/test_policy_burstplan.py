@@ -221,9 +221,13 @@ def test_the_placer_follows_the_plan_only_where_it_still_holds() -> None:
     placer = Placer(policy)
     cluster = cluster_of(H100, 6)
     big, small = MIB["3g.40gb"], MIB["2g.20gb"]
-    sizes = [PodSize(m, 1, mig=True) for m in (big, big, small, small, small, small)]
-    assert placer.plan_burst(cluster, [*sizes, PodSize(big, 2, mig=True), None]) == 6
+    sizes = [PodSize(m, 1, plan_key="job") for m in (big, big, small, small, small, small)]
+    assert placer.burst_group([*sizes, PodSize(big, 2), None]) == list(range(6))
+    assert placer.plan_burst(cluster, sizes) == 6
     request = DeviceRequest("r", big)
+    # Only a pod the plan placed follows it.
+    assert placer.mig(cluster, [request]) == policy.place(cluster, [request])
+    placer.follow_plan(True)
     first = placer.mig(cluster, [request]).choices[0]
     assert (first.profile.name, first.start) == ("3g.40gb", 4)
     # A planned slot taken (here: by this pod's commit) is passed over: the next one of the size,
@@ -244,4 +248,6 @@ def test_the_placer_follows_the_plan_only_where_it_still_holds() -> None:
     pair = [DeviceRequest("a", big), DeviceRequest("b", small)]
     assert placer.mig(cluster, pair) == policy.place(cluster, pair)
     placer.end_burst()
+    assert placer.mig(cluster, [request]) == policy.place(cluster, [request])
+    placer.follow_plan(True)  # a pod marked to follow, with no plan held: the policy decides
     assert placer.mig(cluster, [request]) == policy.place(cluster, [request])
