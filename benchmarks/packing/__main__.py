@@ -105,6 +105,17 @@ def scale_table(sizes: Sequence[int], decisions: int, devices: Sequence[int] = (
     return "\n".join(lines)
 
 
+def _positive_ints(parser: argparse.ArgumentParser, flag: str, value: str) -> list[int]:
+    """A comma-separated list of whole numbers >= 1, or a usage error naming `flag`."""
+    try:
+        out = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        out = []
+    if not out or min(out) < 1:
+        parser.error(f"{flag}: need comma-separated whole numbers >= 1, got {value!r}")
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.packing")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (for tests): 1 seed, few pods")
@@ -147,11 +158,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = skip - {"online", "offline", "scale"}
     if unknown:
         parser.error(f"--skip: unknown part(s) {sorted(unknown)}; allowed values: online, offline, scale")
+    devices = _positive_ints(parser, "--scale-devices", args.scale_devices)
+    sizes = _positive_ints(parser, "--scale-nodes", args.scale_nodes)
     scenarios: Sequence[online.Scenario] = online.SCENARIOS
     loads: Sequence[float] = LOADS
     if args.quick:
         args.seeds, args.pods, args.offline_requests = 1, 60, 12
-        args.scale_nodes, args.scale_decisions = "20", 20
+        sizes, args.scale_decisions = [20], 20
         scenarios, loads = (online.SCENARIOS[0], online.SCENARIOS[-1]), (0.9,)
     began = time.monotonic()
     parts = [
@@ -174,8 +187,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             + offline_table(args.seeds, args.offline_requests)
         )
     if "scale" not in skip:
-        sizes = [int(n) for n in args.scale_nodes.split(",")]
-        devices = [int(d) for d in args.scale_devices.split(",") if d]
         parts.append(
             "### Scale (flexmig policy, one pod per decision, its devices random sizes on one node; "
             "cluster ~70 % full)\n\n" + scale_table(sizes, args.scale_decisions, devices)

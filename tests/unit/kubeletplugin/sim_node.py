@@ -20,6 +20,7 @@ from driver.nvml.port import Nvml
 from driver.nvml.sim import MemoryState, SimAdmin, SimGpuSpec, init_sim_state, open_sim
 from kubeletplugin.agent.crashpoints import Crashpoints
 from kubeletplugin.agent.metrics import NodeMetrics
+from kubeletplugin.checkpoint.reconcile import ReconcileReport, reconcile
 from kubeletplugin.checkpoint.store import CheckpointStore
 from kubeletplugin.kube.kubeapi import ClaimNotFound, ClaimView
 from kubeletplugin.kube.statuswriter import StatusWriter
@@ -69,6 +70,7 @@ class SimNode:
     migmode: MigModeManager
     ops: NvmlOps
     hami: HamiCoreSupport | None
+    node_name: str = "n1"
 
     def spec(self, uid: str) -> dict[str, Any]:
         """The CDI spec written for claim `uid`."""
@@ -79,6 +81,22 @@ class SimNode:
         """How often each NVML call that changes MIG state was made."""
         counts = self.admin.call_counts()
         return {name: counts.get(name, 0) for name in MIG_MUTATIONS}
+
+    def reconcile(self, api: Any = None, **options: Any) -> ReconcileReport:
+        """The plugin's start-up reconcile on this node (against `api` instead of the node's own
+        when given; `options` such as manage_mig_mode=False go through)."""
+        api = self.api if api is None else api
+        return reconcile(
+            preparer=self.preparer,
+            store=self.store,
+            ops=self.ops,
+            api=api,
+            gpus=self.nvml.gpus(),
+            migmode=self.migmode,
+            status=StatusWriter(api, self.store, self.metrics, self.node_name),
+            metrics=self.metrics,
+            **options,
+        )
 
     def gauge(self, name: str, gpu: int) -> float | None:
         uuid = self.nvml.gpu(gpu).uuid
@@ -95,12 +113,15 @@ def make_node(
     split_count: int | None = None,
     ops_factory: Callable[[Nvml, NodeMetrics], NvmlOps] = NvmlOps,
     memory: bool = False,
+    crash: frozenset[str] = frozenset(),
 ) -> SimNode:
     """A node of simulated `specs`; with HAMi-core support unless `hami_library` is None, the library
-    file present when it is True; on the in-memory simulator when `memory`. The caller closes
-    `preparer`."""
+    file present when it is True; on the in-memory simulator when `memory`; the preparer crashing at
+    `crash` points. A node made again in the same `tmp_path` (a restart) finds the GPUs, checkpoint
+    and CDI specs the last one left. The caller closes `preparer`."""
     state = tmp_path / "sim.json"
-    init_sim_state(state, specs)
+    if not state.exists():
+        init_sim_state(state, specs)
     source: Path | MemoryState = MemoryState.from_file(state) if memory else state
     nvml = open_sim(source)
     nvml.init()
@@ -127,10 +148,21 @@ def make_node(
         metrics=metrics,
         cdi_dir=tmp_path / "cdi",
         mig_minors=None,
-        crash=Crashpoints(frozenset(), tmp_path / "marker"),
+        crash=Crashpoints(crash, tmp_path / "marker"),
         hami_core=hami,
         shared_split_count=split_count,
     )
     return SimNode(
-        nvml, SimAdmin(source), api, store, metrics, preparer, paths, tmp_path / "cdi", migmode, ops, hami
+        nvml,
+        SimAdmin(source),
+        api,
+        store,
+        metrics,
+        preparer,
+        paths,
+        tmp_path / "cdi",
+        migmode,
+        ops,
+        hami,
+        node_name,
     )

@@ -15,10 +15,8 @@ from sim_node import MIG_MUTATIONS, FakeApi, SimNode, make_node
 from api.constants import DRIVER_NAME
 from driver.nvml.sim import SimGpuSpec
 from kubeletplugin.checkpoint.model import ClaimCheckpoint, ClaimState
-from kubeletplugin.checkpoint.reconcile import reconcile
 from kubeletplugin.grpcserver import ClaimRef
 from kubeletplugin.kube.kubeapi import AllocatedDevice, ClaimView, PodRef
-from kubeletplugin.kube.statuswriter import StatusWriter
 from kubeletplugin.shared.capacity import SharedShare
 
 NODE = "hami-node"
@@ -191,17 +189,7 @@ def test_reconcile_rolls_back_shared_without_touching_mig(tmp_path: Path) -> Non
         )
     )
     del node.api.claims[("ns", "c")]
-    report = reconcile(
-        preparer=node.preparer,
-        store=node.store,
-        ops=node.ops,
-        api=node.api,
-        gpus=node.nvml.gpus(),
-        migmode=node.migmode,
-        status=StatusWriter(node.api, node.store, node.metrics, NODE),
-        metrics=node.metrics,
-        manage_mig_mode=False,
-    )
+    report = node.reconcile(manage_mig_mode=False)
     assert sorted(report.rolled_back + report.released) == sorted(
         [UID, "4c3b2a19-0817-4615-9413-121110090807"]
     )

@@ -25,10 +25,8 @@ from driver.looprunner import LoopRunner
 from driver.nvml.sim import SimGpuSpec
 from kubeletplugin.agent.main import NodeAgent
 from kubeletplugin.agent.metrics import MetricsServer, NodeMetrics
-from kubeletplugin.checkpoint.reconcile import reconcile
 from kubeletplugin.grpcserver import ClaimRef, PluginServers
 from kubeletplugin.kube.kubeapi import AllocatedDevice, ClaimView, PodRef
-from kubeletplugin.kube.statuswriter import StatusWriter
 from kubeletplugin.publish.publisher import SlicePublisher
 from kubeletplugin.publish.slices import NodeSlices
 from kubeletplugin.settings.config import add_flags, load_config
@@ -196,16 +194,7 @@ def test_startup_reconcile_keeps_claims_while_the_api_server_is_unreachable(tmp_
         api.claims[("ns", "c")] = ClaimView("ns", "c", uid, (dev,), (PodRef("ns", "c", "pod-1"),))
         assert node.preparer.prepare([ClaimRef("ns", uid, "c")])[uid].error == ""
         down = UnreachableApi()
-        report = reconcile(
-            preparer=node.preparer,
-            store=node.store,
-            ops=node.ops,
-            api=down,
-            gpus=node.nvml.gpus(),
-            migmode=node.migmode,
-            status=StatusWriter(down, node.store, node.metrics, "n1"),
-            metrics=node.metrics,
-        )
+        report = node.reconcile(api=down)
         assert report.adopted == [uid] and report.released == []
         assert len(node.admin.snapshot().gpus[0].gpu_instances) == 1
     finally:

@@ -19,83 +19,24 @@ import stat
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from sim_node import FakeApi
+from sim_node import FakeApi, SimNode, make_node
 
 from api.constants import DRIVER_NAME
-from driver.catalog.discover import discover_all
-from driver.nvml.port import Nvml
-from driver.nvml.sim import SimAdmin, SimGpuSpec, init_sim_state, open_sim
-from kubeletplugin.agent.crashpoints import Crashpoints
-from kubeletplugin.agent.metrics import NodeMetrics
+from driver.nvml.sim import SimAdmin, SimGpuSpec
 from kubeletplugin.checkpoint.model import ClaimState
-from kubeletplugin.checkpoint.reconcile import ReconcileReport, reconcile
-from kubeletplugin.checkpoint.store import CheckpointStore
 from kubeletplugin.grpcserver import ClaimRef
 from kubeletplugin.kube.kubeapi import AllocatedDevice, ClaimView, PodRef
-from kubeletplugin.kube.statuswriter import StatusWriter
-from kubeletplugin.prepare.migmode import MigModeManager
-from kubeletplugin.prepare.nvmlops import NvmlOps
-from kubeletplugin.prepare.preparer import Preparer
-from kubeletplugin.publish.inventory import Inventory
 
 NODE = "n1"
-BOOT = "boot-1"
 DEADLINE_S = 30.0
 
 
-@dataclass
-class Plugin:
-    """One plugin process's objects, on the shared simulator state and checkpoint file."""
-
-    nvml: Nvml
-    ops: NvmlOps
-    store: CheckpointStore
-    preparer: Preparer
-    migmode: MigModeManager
-    metrics: NodeMetrics
-    api: FakeApi
-
-    def reconcile(self) -> ReconcileReport:
-        return reconcile(
-            preparer=self.preparer,
-            store=self.store,
-            ops=self.ops,
-            api=self.api,
-            gpus=self.nvml.gpus(),
-            migmode=self.migmode,
-            status=StatusWriter(self.api, self.store, self.metrics, NODE),
-            metrics=self.metrics,
-        )
-
-
-def _start(tmp_path: Path, api: FakeApi, crash: frozenset[str] = frozenset()) -> Plugin:
-    state = tmp_path / "sim.json"
-    if not state.exists():
-        init_sim_state(state, [SimGpuSpec("A100-40GB")])
-    nvml = open_sim(state)
-    nvml.init()
-    metrics = NodeMetrics()
-    ops = NvmlOps(nvml, metrics)
-    store = CheckpointStore(tmp_path / "state" / "checkpoint.json", BOOT)
-    migmode = MigModeManager(ops, {g.index: g for g in nvml.gpus()}, metrics)
-    preparer = Preparer(
-        node_name=NODE,
-        ops=ops,
-        migmode=migmode,
-        inventory=Inventory.from_catalogs(discover_all(nvml)),
-        store=store,
-        api=api,
-        status=StatusWriter(api, store, metrics, NODE),
-        metrics=metrics,
-        cdi_dir=tmp_path / "cdi",
-        mig_minors=None,
-        crash=Crashpoints(crash, tmp_path / "marker"),
-    )
-    return Plugin(nvml, ops, store, preparer, migmode, metrics, api)
+def _start(tmp_path: Path, api: FakeApi, crash: frozenset[str] = frozenset()) -> SimNode:
+    """The plugin on the file-backed simulator; made again in `tmp_path`, a restart."""
+    return make_node(tmp_path, NODE, [SimGpuSpec("A100-40GB")], api=api, crash=crash)
 
 
 def _claim(api: FakeApi, n: int, device: str) -> ClaimRef:

@@ -13,6 +13,7 @@ import dataclasses
 import random
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Protocol
 from unittest import mock
 
 from driver.catalog.types import MigProfile
@@ -163,6 +164,35 @@ class ReferenceFirstFitPolicy:
                 if free:
                     return Choice(request.name, gpu.ref, profile, free[0].start)
         return None
+
+
+def same(got: Placement, want: Placement) -> None:
+    """Equal placements, and each choice's profile is the chosen GPU's own object (not an equal one)."""
+    assert got == want
+    for x, y in zip(got.choices, want.choices, strict=True):
+        assert x.profile is y.profile
+
+
+class _Placing(Protocol):
+    def place(self, cluster: ClusterState, requests: Sequence[DeviceRequest]) -> Placement: ...
+
+
+def decide_alike(
+    fast: _Placing,
+    ref: _Placing,
+    fast_cluster: ClusterState,
+    ref_cluster: ClusterState,
+    requests: Sequence[DeviceRequest],
+) -> Placement:
+    """Place `requests` with the policy under test and the oracle, assert the same placement, and
+    commit it to both clusters (with the first request's hinted end, if any). Returns it."""
+    got = fast.place(fast_cluster, requests)
+    same(got, ref.place(ref_cluster, requests))
+    if got.ok:
+        hint = requests[0].end_hint
+        for cluster in (fast_cluster, ref_cluster):
+            cluster.commit(got.choices, expected_end=None if hint is None else hint.end)
+    return got
 
 
 def twin(gpus: Sequence[GpuState]) -> tuple[ClusterState, ClusterState]:

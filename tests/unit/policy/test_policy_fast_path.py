@@ -8,7 +8,7 @@ from collections.abc import Callable, Set
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from reference_policy import ReferenceFirstFitPolicy, ReferencePackingPolicy
+from reference_policy import ReferenceFirstFitPolicy, ReferencePackingPolicy, decide_alike, same
 
 from driver.catalog.simulated import simulated_catalog
 from driver.catalog.types import GpuCatalog, MigProfile
@@ -16,7 +16,7 @@ from driver.placement.choice import size_key
 from driver.placement.occupancy import Occupancy
 from driver.policy.allocator import FirstFitPolicy, PackingPolicy, Policy
 from driver.policy.cluster import ClusterState
-from driver.policy.model import AllowedTable, DeviceFilter, DeviceRequest, GpuRef, GpuState, Placement
+from driver.policy.model import AllowedTable, DeviceFilter, DeviceRequest, GpuRef, GpuState
 
 MODELS = ("A30-24GB", "A100-40GB", "A100-80GB", "H100-80GB", "H200-141GB")
 
@@ -122,13 +122,6 @@ def _frozen(table: dict[GpuRef, Set[tuple[str, int]]]) -> dict[GpuRef, frozenset
     return {ref: frozenset(pairs) for ref, pairs in table.items()}
 
 
-def _same(a: Placement, b: Placement) -> None:
-    assert a == b
-    # Equal by value; the profile object must also be the chosen GPU's own.
-    for x, y in zip(a.choices, b.choices, strict=True):
-        assert x.profile is y.profile
-
-
 class _FlatPolicy(PackingPolicy):
     """Every loss 0.0 (or a few values): ties everywhere, and the free-of-cost early stop decides."""
 
@@ -172,7 +165,7 @@ def _run(seed: int, fast: Policy, ref: Policy) -> None:
         requests = _random_requests(rng, fast_cluster, tables)
         got = fast.place(fast_cluster, requests)
         want = ref.place(ref_cluster, requests)
-        _same(got, want)
+        same(got, want)
         if got.ok:
             for cluster in (fast_cluster, ref_cluster):
                 cluster.commit(got.choices)
@@ -203,11 +196,7 @@ def test_many_identical_gpus_ties_break_by_node_name_and_index() -> None:
         requests = [
             DeviceRequest(f"r{k}", rng.choice((4000, 9000, 19000, 39000))) for k in range(rng.randint(1, 2))
         ]
-        got = fast.place(fast_cluster, requests)
-        _same(got, ref.place(ref_cluster, requests))
-        if got.ok:
-            fast_cluster.commit(got.choices)
-            ref_cluster.commit(got.choices)
+        decide_alike(fast, ref, fast_cluster, ref_cluster, requests)
 
 
 def test_state_memo_is_bounded_and_survives_a_reset(monkeypatch: object) -> None:
@@ -221,10 +210,6 @@ def test_state_memo_is_bounded_and_survives_a_reset(monkeypatch: object) -> None
         tables = [_frozen(_random_filter(rng, fast_cluster)) for _ in range(2)]
         for _ in range(30):
             requests = _random_requests(rng, fast_cluster, tables)
-            got = PackingPolicy().place(fast_cluster, requests)
-            _same(got, ReferencePackingPolicy().place(ref_cluster, requests))
-            if got.ok:
-                fast_cluster.commit(got.choices)
-                ref_cluster.commit(got.choices)
+            decide_alike(PackingPolicy(), ReferencePackingPolicy(), fast_cluster, ref_cluster, requests)
     finally:
         setattr(cluster_module, "_MAX_STATES", 32768)  # noqa: B010

@@ -10,8 +10,8 @@ import random
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from reference_policy import ReferencePackingPolicy, release_random, twin
-from test_policy_scale_equivalence import _gpus, _requests, _same, _table
+from reference_policy import ReferencePackingPolicy, decide_alike, release_random, same, twin
+from test_policy_scale_equivalence import _gpus, _requests, _table
 
 from driver.catalog.simulated import simulated_catalog
 from driver.placement.occupancy import Occupancy
@@ -137,12 +137,7 @@ def test_hinted_decisions_equal_the_plain_scan(seed: int, weight: float) -> None
     for _ in range(12):
         now += rng.choice((0.0, 5.0))
         requests = _hinted_requests(rng, fast_cluster, table, now)
-        got = fast.place(fast_cluster, requests)
-        _same(got, ref.place(ref_cluster, requests))
-        if got.ok:
-            hint = requests[0].end_hint
-            for cluster in (fast_cluster, ref_cluster):
-                cluster.commit(got.choices, expected_end=None if hint is None else hint.end)
+        decide_alike(fast, ref, fast_cluster, ref_cluster, requests)
         for _ in range(rng.randint(0, 2)):
             release_random(rng, gpus, fast_cluster, ref_cluster)
 
@@ -163,15 +158,15 @@ def test_unhinted_pods_decide_as_if_no_hint_existed(seed: int) -> None:
     for _ in range(8):
         requests = _requests(rng, plain, table)
         got = policy.place(hinted, requests)
-        _same(got, policy.place(plain, requests))
+        same(got, policy.place(plain, requests))
         if got.ok:
             plain.commit(got.choices)
             hinted.commit(got.choices, expected_end=rng.choice((5.0, 50.0)))
 
 
 def test_benchmark_without_hints_is_the_plain_online_run_and_exact_hints_change_it() -> None:
-    hints = pytest.importorskip("benchmarks.packing.hints")
-    online = pytest.importorskip("benchmarks.packing.online")
+    from benchmarks.packing import hints, online  # in the repository: a failed import is a failure
+
     scenario = online.SCENARIOS[0]
     pods = online.generate(scenario, 1.1, 120, 0)
     plain = online.run_policy(PackingPolicy(), scenario, pods)

@@ -14,8 +14,7 @@ import random
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from reference_policy import ReferencePackingPolicy, release_random, scanned_nodes, twin
-from test_policy_scale_equivalence import _same
+from reference_policy import ReferencePackingPolicy, decide_alike, release_random, scanned_nodes, twin
 
 from driver.catalog.simulated import simulated_catalog
 from driver.placement.occupancy import Occupancy
@@ -72,12 +71,7 @@ def test_multi_device_pods_on_identical_nodes_decide_like_the_plain_scan(seed: i
     for _ in range(12):
         now += 5.0
         requests = _requests(rng, gpus, now)
-        got = fast.place(fast_cluster, requests)
-        _same(got, ref.place(ref_cluster, requests))
-        if got.ok:
-            hint = requests[0].end_hint
-            for cluster in (fast_cluster, ref_cluster):
-                cluster.commit(got.choices, expected_end=None if hint is None else hint.end)
+        decide_alike(fast, ref, fast_cluster, ref_cluster, requests)
         if rng.random() < 0.5:
             release_random(rng, gpus, fast_cluster, ref_cluster)
 

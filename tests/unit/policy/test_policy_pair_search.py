@@ -17,8 +17,8 @@ from unittest import mock
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from reference_policy import ReferencePackingPolicy, release_random, scanned_nodes, twin
-from test_policy_scale_equivalence import PRICING, _same
+from reference_policy import ReferencePackingPolicy, decide_alike, release_random, same, scanned_nodes, twin
+from test_policy_scale_equivalence import PRICING
 
 from driver.catalog.simulated import simulated_catalog
 from driver.placement.occupancy import Occupancy
@@ -107,11 +107,7 @@ def test_two_device_pods_decide_like_the_plain_scan(seed: int, pricing: str) -> 
                 end = now + rng.choice((5.0, 20.0, 80.0))
                 hint = EndHint(end, end - now) if hinted and rng.random() < 0.7 else None
                 requests = _pod(rng, _filter(rng, gpus) if decision % 3 == 0 else None, hint)
-                got = fast.place(fast_cluster, requests)
-                _same(got, ref.place(ref_cluster, requests))
-                if got.ok:
-                    for cluster in (fast_cluster, ref_cluster):
-                        cluster.commit(got.choices, expected_end=None if hint is None else hint.end)
+                decide_alike(fast, ref, fast_cluster, ref_cluster, requests)
                 for _ in range(rng.randint(0, 3)):
                     release_random(rng, gpus, fast_cluster, ref_cluster)
         assert spy.call_count == 12  # every decision went through the pair search
@@ -134,7 +130,7 @@ def test_identical_nodes_but_one_late_tighter_gpu_win_there_scanning_few() -> No
     with scanned_nodes() as priced:
         got = PackingPolicy().place(ClusterState(gpus), requests)
     want = ReferencePackingPolicy().place(ClusterState(dataclasses.replace(g) for g in gpus), requests)
-    _same(got, want)
+    same(got, want)
     assert [(c.gpu.node, c.gpu.gpu_index) for c in got.choices] == [("node-047", 2), ("node-047", 0)]
     assert len(priced) <= 3, priced
 
