@@ -28,6 +28,7 @@ from controller.allocation.lifetime import ClaimEnds, decision_hint
 from controller.allocation.nodefilter import NodeFilter, PodRules
 from controller.allocation.nodeselector import pinned_nodes
 from controller.allocation.podsize import pod_size
+from controller.allocation.uncertain import UncertainClaims
 from controller.claims.podclaims import (
     ClaimsPending,
     allocation_results,
@@ -37,6 +38,7 @@ from controller.claims.podclaims import (
     split_share_problem,
 )
 from controller.claims.requests import CandidateIndex
+from controller.kube.outcome import Outcome, write_outcome
 from controller.kube.watchcache import WatchCache, object_key, resource_version
 from controller.kube.writer import Writer, is_conflict, is_not_found
 from controller.runtime.metrics import ControllerMetrics
@@ -52,6 +54,11 @@ Obj = dict[str, Any]
 def allocated_devices(claim: Mapping[str, Any] | None) -> list[Held]:
     """What a claim's allocation holds of our driver: devices, and shares with their consumed capacity."""
     return claim_holdings(claim)
+
+
+class StaleCache(Exception):
+    """A write to one of our claims met 409: the cache is older than the server. The claim was read
+    again; the step stops, and the pod is decided again from the new state."""
 
 
 @dataclass(slots=True)
@@ -73,6 +80,7 @@ class PodAllocation:
     dirty: set[str]
     hint_warned: dict[str, str]  # pod uid -> the bad expected-duration value already reported
     claim_ends: ClaimEnds  # expected ends of hinted pods, by claim (controller/allocation/lifetime.py)
+    uncertain: UncertainClaims  # claim writes whose outcome is unknown (controller/allocation/uncertain.py)
 
     def _pod_size(self, key: str) -> PodSize | None:
         """A pending pod's size for the batch order, read once and kept on its `Pending` record (the
@@ -112,6 +120,10 @@ class PodAllocation:
             claims = {entry: self.cache["resourceclaims"][f"{ns}/{name}"] for entry, name in names.items()}
         except (ClaimsPending, KeyError) as exc:
             self._unplaced(pod, pending, "WaitingForClaims", f"waiting for the pod's claims: {exc}")
+            return
+        if self.uncertain.any_of(str(c["metadata"].get("uid")) for c in claims.values()):
+            # Possibly allocated: deciding it again could give the pod a second set of devices.
+            self._unplaced(pod, pending, "WaitingForClaims", "waiting to learn whether a claim write landed")
             return
         todo = [c for c in claims.values() if not (c.get("status") or {}).get("allocation")]
         if todo:
@@ -180,40 +192,97 @@ class PodAllocation:
         return hint
 
     def _write_claims(self, pod: Obj, decision: Decision) -> dict[str, Obj] | None:
+        """Write every claim of the decision; the claims as written, or None when the pod must wait.
+
+        A refusal (409, 404, 4xx) undoes what was written, and a 409 also re-reads the claim and stops
+        the step (`StaleCache`): it proves the cache older than the server. An unknown outcome undoes
+        nothing: the claim is held as possibly allocated (controller/allocation/uncertain.py) and the
+        pod waits until that is settled; its claims already written stay allocated for it.
+        """
         assert self.writer is not None and decision.node is not None
         for alloc in decision.allocations:
             # Versions up to the one decided on are stale for this assumption, whatever they show.
             decided_on = resource_version(alloc.claim)
             self.ledger.assume(alloc.uid, alloc.keys, None if decided_on is None else decided_on + 1)
         done: list[Obj] = []
-        protected: list[Obj] = []
-        try:
-            for alloc in decision.allocations:
+        pending = list(decision.allocations)
+        while pending:
+            alloc = pending[0]
+            try:
                 claim = self.writer.protect_claim(alloc.claim, pod["metadata"]["uid"])
-                protected.append(claim)
+            except BaseException as exc:
+                # No allocation was sent for this claim, whatever became of the finalizer.
+                self._write_failed(pod, exc, done, pending, alloc.claim)
+                return None
+            self.cache.stores["resourceclaims"].assume(claim)
+            protected_rv = resource_version(claim)
+            # Only a version newer than our finalizer write can show whether the allocation landed.
+            self.ledger.written(alloc.uid, alloc.keys, None if protected_rv is None else protected_rv + 1)
+            try:
                 claim = self.writer.write_allocation(claim, self._allocation(alloc, decision.node))
-                protected.pop()
-                done.append(claim)
-        except ApiException as exc:
-            if not (is_conflict(exc) or is_not_found(exc)):
-                self._rollback(done, protected, decision.allocations)
-                raise
-            self.metrics.conflicts.inc()
-            log.info("claim changed while allocating, retrying", pod=object_key(pod), status=exc.status)
-            self._rollback(done, protected, decision.allocations)
-            return None
-        except BaseException:
-            # A timeout or a dropped connection: all or nothing still holds, so undo what was written
-            # (a write whose outcome is unknown is seen again through the watch).
-            self._rollback(done, protected, decision.allocations)
-            raise
-        out = {}
+            except BaseException as exc:
+                if write_outcome(exc) is Outcome.UNKNOWN:
+                    self.uncertain.add(claim, "allocation")
+                    self._settle_written(done)
+                    raise
+                self._unprotect([claim])
+                self._write_failed(pod, exc, done, pending, claim)
+                return None
+            pending.pop(0)
+            done.append(claim)
+        self._settle_written(done)
+        return {claim["metadata"]["uid"]: claim for claim in done}
+
+    def _settle_written(self, done: list[Obj]) -> None:
+        """Our allocations that landed: in the cache now, and held until the watch shows them."""
         for claim in done:
             # Our newest version, assumed: the watch's older ones (the finalizer-only write) are stale.
             self.cache.stores["resourceclaims"].assume(claim)
             self.ledger.written(claim["metadata"]["uid"], allocated_devices(claim), resource_version(claim))
-            out[claim["metadata"]["uid"]] = claim
-        return out
+
+    def _write_failed(
+        self,
+        pod: Obj,
+        exc: BaseException,
+        done: list[Obj],
+        pending: list[ClaimAllocation],
+        failed: Mapping[str, Any],
+    ) -> None:
+        """The write of `failed` was refused (or never sent): undo the pod's other claims, then re-read
+        on a conflict, or re-raise what is not a conflict."""
+        for alloc in pending:  # never written: nothing on the server holds these devices
+            self._drop_assumption(alloc.uid, alloc.claim)
+        self._rollback(done)
+        if write_outcome(exc) is Outcome.UNKNOWN:  # the finalizer write: no allocation was sent
+            raise exc
+        if not isinstance(exc, ApiException) or not (is_conflict(exc) or is_not_found(exc)):
+            raise exc
+        self.metrics.conflicts.inc()
+        log.info("claim changed while allocating", pod=object_key(pod), status=exc.status)
+        if is_conflict(exc):
+            self._reread(failed)
+            raise StaleCache(f"claim {object_key(failed)} changed on the server since the cache saw it")
+
+    def _drop_assumption(self, uid: str, claim: Mapping[str, Any]) -> None:
+        """Back to what the API last showed of a claim whose allocation was never sent."""
+        self.ledger.forget(uid)
+        current = self.cache["resourceclaims"].get(object_key(claim))
+        if current is not None:
+            self.ledger.observe(uid, allocated_devices(current), resource_version(current))
+
+    def _reread(self, claim: Mapping[str, Any]) -> None:
+        """A fresh read of a claim the cache is stale on (a read may be retried; it changes nothing)."""
+        assert self.writer is not None
+        meta = claim["metadata"]
+        try:
+            current = self.writer.read_claim(meta["namespace"], meta["name"])
+        except Exception as exc:  # the watch brings it; the pod waits for the next step
+            log.info("re-read after conflict failed", claim=object_key(claim), error=str(exc))
+            return
+        if current["metadata"].get("uid") != meta.get("uid"):
+            return
+        self.cache.stores["resourceclaims"].assume(current)
+        self.ledger.observe(str(meta["uid"]), allocated_devices(current), resource_version(current))
 
     @staticmethod
     def _allocation(alloc: ClaimAllocation, node: str) -> dict[str, Any]:
@@ -228,28 +297,35 @@ class PodAllocation:
             "allocationTimestamp": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         }
 
-    def _rollback(self, done: list[Obj], protected: list[Obj], allocs: list[ClaimAllocation]) -> None:
+    def _rollback(self, done: list[Obj]) -> None:
+        """Clear the allocations of `done` (written and confirmed). Only what the server confirms as
+        cleared is free: a refused clear leaves the claim allocated for the pod (its retry uses it),
+        an unknown one is held until settled."""
         assert self.writer is not None
         store = self.cache.stores["resourceclaims"]
         for claim in done:
+            uid = str(claim["metadata"]["uid"])
             try:
                 cleared = self.writer.write_allocation(claim, None)
-                store.assume(cleared)
-                self._assume_claim(self.writer.unprotect_claim(cleared))
-            except Exception as exc:  # left for the deallocation pass, which sees our finalizer
-                log.warning("rollback failed", claim=object_key(claim), error=str(exc))
-        for claim in protected:
+            except Exception as exc:
+                if write_outcome(exc) is Outcome.UNKNOWN:
+                    self.uncertain.add(claim, "deallocation")
+                log.warning("rollback failed; the claim stays held", claim=object_key(claim), error=str(exc))
+                continue
+            store.assume(cleared)
+            # Confirmed by the server; the watch's older versions (still allocated) must not count.
+            self.ledger.written(uid, allocated_devices(cleared), resource_version(cleared))
+            self._unprotect([cleared])
+
+    def _unprotect(self, claims: Iterable[Obj]) -> None:
+        """Drop our finalizer from claims that hold nothing of ours (best effort: the deallocation pass
+        drops any that is left)."""
+        assert self.writer is not None
+        for claim in claims:
             try:
-                store.assume(claim)
                 self._assume_claim(self.writer.unprotect_claim(claim))
             except Exception as exc:
-                log.warning("rollback failed", claim=object_key(claim), error=str(exc))
-        for alloc in allocs:
-            self.ledger.forget(alloc.uid)
-        for alloc in allocs:  # back to what the API last showed us
-            current = self.cache["resourceclaims"].get(object_key(alloc.claim))
-            if current is not None:
-                self.ledger.observe(alloc.uid, allocated_devices(current))
+                log.warning("finalizer not removed", claim=object_key(claim), error=str(exc))
 
     def _assume_claim(self, claim: Obj | None) -> None:
         if claim is not None:
@@ -292,4 +368,4 @@ class PodAllocation:
         self.writer.event(pod, "Pod", "Warning", "FailedAllocation", f"{reason}: {message}")
 
 
-__all__ = ["Pending", "PodAllocation", "allocated_devices"]
+__all__ = ["Pending", "PodAllocation", "StaleCache", "allocated_devices"]

@@ -58,12 +58,15 @@ import structlog
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from controller.allocation.allocate import Pending, PodAllocation, allocated_devices
+from controller.allocation.allocate import Pending, PodAllocation, StaleCache, allocated_devices
 from controller.allocation.burststep import BurstPlanning
+from controller.allocation.catchup import LeaderCatchUp
 from controller.allocation.deallocate import deallocate, has_finalizer, needs_attention
+from controller.allocation.doublehold import DoubleHoldReporter
 from controller.allocation.lifetime import ClaimEnds, running_end
 from controller.allocation.nodefilter import schedulable_view
 from controller.allocation.skips import SkipReporter
+from controller.allocation.uncertain import UncertainClaims
 from controller.claims.cel import CelEnvironment
 from controller.claims.podclaims import LiveRefs, is_gated, is_terminal, referenced_claims
 from controller.claims.requests import CandidateIndex
@@ -98,6 +101,7 @@ class Controller(PodAllocation):
         is_leader: Callable[[], bool] = lambda: True,
         age_first_after_s: float = AGE_FIRST_AFTER_S,
         burst_budget_s: float = BURST_PLAN_BUDGET_S,
+        catch_up: bool = True,
     ) -> None:
         self.cache = cache
         self.age_first_after_s = age_first_after_s
@@ -122,6 +126,10 @@ class Controller(PodAllocation):
         self.claim_ends = ClaimEnds()
         self.hint_warned: dict[str, str] = {}
         self.skips = SkipReporter(self.metrics)
+        self.uncertain = UncertainClaims(on_add=self.metrics.unknown_writes.inc)
+        # Off only where no API server stands behind the cache (unit tests that feed events by hand).
+        self.catch_up = LeaderCatchUp(cache, self.metrics, enabled=catch_up)
+        self.double_holds = DoubleHoldReporter(self.metrics)
         self.runner: LoopRunner | None = None
         self._slices_dirty = False
         self._last_resync = 0.0
@@ -283,7 +291,24 @@ class Controller(PodAllocation):
             self._last_resync = now
             self.dirty |= set(self.pending)
             self.claims_to_check |= {k for k, c in self.cache["resourceclaims"].items() if has_finalizer(c)}
-        if self._leading() and self.writer is not None:
+        leading = self._leading()
+        if not leading:
+            self.catch_up.lost()
+        elif self.writer is not None and not self.catch_up.done:
+            # A new leader's cache may not show the previous leader's last writes yet: deciding on it
+            # could give their devices again. A fresh list first (it raises: the loop backs off).
+            self.apply(self.catch_up.fresh_lists())
+            self.catch_up.finished()
+        self.double_holds.report(self.ledger, self.writer if leading else None, self.cache["resourceclaims"])
+        if (
+            leading
+            and self.writer is not None
+            and self.uncertain
+            and self.uncertain.settle(self.writer, self.cache.stores["resourceclaims"], self.ledger)
+        ):
+            self.dirty |= set(self.pending)
+        self.metrics.unsettled_writes.set(len(self.uncertain))
+        if leading and self.writer is not None:
             order = self._decision_order()
             planned = self.bursts.plan(
                 self.placer,
@@ -332,6 +357,9 @@ class Controller(PodAllocation):
             fn(key)
         except NotLeader as exc:
             log.info("leadership lost mid-step; not writing", stage=stage, key=key, error=str(exc))
+            return False
+        except StaleCache as exc:  # the claim was read again; nothing more on this stale view
+            log.info("cache found stale by a conflict; step ends", stage=stage, key=key, error=str(exc))
             return False
         except Exception as exc:  # one bad object must not stop the loop; it is retried on resync
             self.metrics.reconcile_errors.labels(stage).inc()

@@ -6,6 +6,12 @@ no change to it for `leaseDurationSeconds` of its OWN clock. Expiry is measured 
 other holder's wall-clock `renewTime` is never compared with the local wall clock, so clock skew between
 nodes cannot make two replicas lead.
 
+A write the leader sends must also land before the Lease can pass: `write_budget()` is the time left
+until a candidate could take it over (the start of the last successful round plus the lease duration),
+less `WRITE_SAFETY_S`; the writer sends nothing with less left and bounds each write by it. On shutdown
+the process `resign()`s (no write is sent from then on), waits for the writes in flight, and only then
+is the Lease released for a standby to take at once.
+
 Every write carries the Lease's resourceVersion, so of two candidates racing for an expired Lease exactly
 one wins (the other gets 409). A leader stops acting as leader `renew_deadline_s` after the START of its
 last successful round (taken before the GET and PUT are sent), so a PUT that hangs for 30 s cannot
@@ -33,6 +39,9 @@ from driver.looprunner import LoopRunner
 log = structlog.get_logger(__name__)
 
 LEASE_NAME = "flexmig-controller"
+WRITE_SAFETY_S = 1.0
+"""Kept between a write's deadline and the earliest takeover: for the rate at which two clocks drift
+apart over one lease, and the network between the API server and etcd."""
 
 
 def _now() -> dt.datetime:
@@ -75,6 +84,8 @@ class LeaderElector(threading.Thread):
         self._observed_at = 0.0
         # Each request must end well within the renew deadline, so a hung one cannot block the round.
         self._timeout_s = max(0.5, renew_deadline_s / 2)
+        self._resigned = False  # resign() was called: never lead again in this process
+        self._release_on_stop = True
         self.runner = LoopRunner(
             "leader-election",
             self._round,
@@ -90,6 +101,20 @@ class LeaderElector(threading.Thread):
         at = self._renewed_at
         return at is not None and self._clock() - at < self.renew_deadline_s
 
+    def write_budget(self) -> float:
+        """Seconds a write sent now may take and still land before another replica can lead (<= 0:
+        none)."""
+        at = self._renewed_at
+        if at is None or not self.is_leader():
+            return 0.0
+        return at + self.lease_s - WRITE_SAFETY_S - self._clock()
+
+    def resign(self, release: bool = True) -> None:
+        """Stop leading now (no write is sent from here on); give the Lease up when the elector stops,
+        if `release` (the caller has waited for the writes in flight), else let it expire."""
+        self._resigned, self._release_on_stop = True, release
+        self._renewed_at = None
+
     def run(self) -> None:
         self.runner.run()
         self.release()
@@ -98,10 +123,12 @@ class LeaderElector(threading.Thread):
         self.runner.stop()
 
     def _round(self) -> None:
+        if self._resigned:
+            return
         was = self.is_leader()
         started = self._clock()  # before anything is sent: the renew window starts here
         try:
-            if self._try_acquire_or_renew():
+            if self._try_acquire_or_renew() and not self._resigned:
                 self._renewed_at = started
         finally:
             now = self.is_leader()
@@ -171,7 +198,10 @@ class LeaderElector(threading.Thread):
 
     def release(self) -> None:
         """Give the Lease up on shutdown so a standby takes over at once."""
-        if not self.is_leader():
+        if self._resigned:
+            if not self._release_on_stop:
+                return  # writes may still be in flight: the Lease expires on its own
+        elif not self.is_leader():
             return
         self._renewed_at = None
         try:

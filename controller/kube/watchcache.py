@@ -18,6 +18,11 @@ the finalizer-only event arrives after the allocation is already stored); accept
 ledger free the devices and hand them to the next pod. A relist older than a stored version does not
 regress it either, nor delete an object it predates. resourceVersions are compared as integers (etcd
 revisions), as kube-scheduler's assume cache does; one that is not an integer is always accepted.
+
+A resource may have a `Projection` (pods do: controller/kube/podview.py): the reflector keeps only the
+objects it calls relevant, stripped to the fields the controller reads, on the list and the watch path
+alike, and turns a watch event for any other object into a DELETED (one that stops being relevant leaves
+the store; one never stored is a no-op). The store strips our own writes' results the same way.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from typing import Any
 import structlog
 from kubernetes.watch.watch import iter_resp_lines
 
+from controller.kube import podview
 from driver.looprunner import LoopRunner
 
 log = structlog.get_logger(__name__)
@@ -63,6 +69,34 @@ class Event:
     resource_version: str = ""  # REPLACE: the list's resourceVersion
 
 
+@dataclass(frozen=True, slots=True)
+class Projection:
+    """What the cache keeps of one resource: only `relevant` objects, each as `strip` returns it."""
+
+    relevant: Callable[[Mapping[str, Any]], bool]
+    strip: Callable[[Mapping[str, Any]], Obj]
+
+    def event(self, kind: str, obj: Obj) -> tuple[str, Obj]:
+        """A watch event as the store must see it; an irrelevant object is deleted by identity."""
+        if self.relevant(obj):
+            return kind, self.strip(obj)
+        meta = obj.get("metadata") or {}
+        keep = ("name", "namespace", "uid", "resourceVersion")
+        return "DELETED", {"metadata": {k: meta[k] for k in keep if k in meta}}
+
+    def items(self, items: list[Obj]) -> tuple[Obj, ...]:
+        """A list's items, dropping each decoded item as soon as it is projected (lower peak)."""
+        out = []
+        for i, item in enumerate(items):
+            items[i] = {}
+            if self.relevant(item):
+                out.append(self.strip(item))
+        return tuple(out)
+
+
+PROJECTIONS: Mapping[str, Projection] = {"pods": Projection(podview.relevant, podview.strip_pod)}
+
+
 def object_key(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata") or {}
     ns = meta.get("namespace")
@@ -83,9 +117,11 @@ class Reflector:
         *,
         stuck_after_s: float = STUCK_AFTER_S,
         on_error: Callable[[Exception], None] | None = None,
+        projection: Projection | None = None,
     ) -> None:
         self.resource = resource
         self.list_fn = list_fn
+        self.projection = projection
         self.events = events
         self.stop_event = stop
         self.resource_version = ""
@@ -129,11 +165,22 @@ class Reflector:
 
     def _list(self) -> None:
         resp = self.list_fn(_preload_content=False, _request_timeout=LIST_TIMEOUT)
-        body = json.loads(resp.data)
-        self.resource_version = body["metadata"]["resourceVersion"]
+        event = self._list_event(resp)
+        self.resource_version = event.resource_version
         self.relists += 1
-        items = tuple(body.get("items") or ())
-        self.events.put(Event(self.resource, "REPLACE", items=items, resource_version=self.resource_version))
+        self.events.put(event)
+
+    def fresh_list(self) -> Event:
+        """A consistent LIST now (no resourceVersion: read from etcd), as a REPLACE event for the caller
+        to apply; the watch goes on from where it was (controller/allocation/catchup.py)."""
+        return self._list_event(self.list_fn(_preload_content=False, _request_timeout=LIST_TIMEOUT))
+
+    def _list_event(self, resp: Any) -> Event:
+        body = json.loads(resp.data)
+        raw: list[Obj] = body.pop("items", None) or []
+        items = tuple(raw) if self.projection is None else self.projection.items(raw)
+        rv = str(body["metadata"]["resourceVersion"])
+        return Event(self.resource, "REPLACE", items=items, resource_version=rv)
 
     def _lines(self) -> Iterator[str]:
         resp = self.list_fn(
@@ -168,7 +215,10 @@ class Reflector:
                 self.resource_version = rv
             if kind == "BOOKMARK":
                 continue  # only advances the resume point
-            self.events.put(Event(self.resource, str(kind), obj=obj))
+            kind = str(kind)
+            if self.projection is not None:
+                kind, obj = self.projection.event(kind, obj)
+            self.events.put(Event(self.resource, kind, obj=obj))
 
 
 def resource_version(obj: Mapping[str, Any] | None) -> int | None:
@@ -189,13 +239,20 @@ class Store:
     No object ever goes back to an older resourceVersion: an event or list item older than what is
     stored (the controller's own newer write, assumed, or a version already seen) is ignored."""
 
-    def __init__(self) -> None:
+    def __init__(self, strip: Callable[[Mapping[str, Any]], Obj] | None = None) -> None:
         self.objects: dict[str, Obj] = {}
         self.synced = False
         self.stale_ignored = 0
+        self.strip = strip
+        self.listed_at: int | None = None  # resourceVersion of the newest list applied
 
     def assume(self, obj: Obj) -> list[Change]:
-        """Our own write's result: stored now; older versions the watch still delivers are ignored."""
+        """Our own write's result: stored now; older versions the watch still delivers are ignored.
+
+        Stripped like the reflector's objects, but kept even if not relevant (a pod whose gate we just
+        removed): the watch's next event for it then removes it, and the controller sees that."""
+        if self.strip is not None:
+            obj = self.strip(obj)
         key = object_key(obj)
         old = self.objects.get(key)
         if self._stale(key, old, obj):
@@ -220,18 +277,31 @@ class Store:
         key = object_key(event.obj)
         old = self.objects.get(key)
         if event.kind == "DELETED":
-            if old is None:
-                return []
+            if old is None or self._stale(key, old, event.obj):
+                return []  # a late deletion of an older incarnation a fresh list already replaced
             self.objects.pop(key, None)
             return [(key, old, None)]
+        if old is None and self._before_list(event.obj):
+            return []  # the last list, newer, did not show it: deleted since, must not come back
         if self._stale(key, old, event.obj):
             return []
         self.objects[key] = event.obj
         return [(key, old, event.obj)]
 
+    def _before_list(self, obj: Obj) -> bool:
+        """Whether `obj` is a version from before the newest list applied (a watch running behind a
+        fresh list, controller/allocation/catchup.py, still delivers those)."""
+        got = resource_version(obj)
+        if got is None or self.listed_at is None or got > self.listed_at:
+            return False
+        self.stale_ignored += 1
+        return True
+
     def _replace(self, event: Event) -> list[Change]:
         fresh = {object_key(o): o for o in event.items}
         list_rv = resource_version({"metadata": {"resourceVersion": event.resource_version}})
+        if list_rv is not None:
+            self.listed_at = max(list_rv, self.listed_at or 0)
         changes: list[Change] = []
         for k, old in self.objects.items():
             if k in fresh:
@@ -269,10 +339,11 @@ class WatchCache:
         *,
         stuck_after_s: float = STUCK_AFTER_S,
         on_error: Callable[[str, Exception], None] | None = None,
+        projections: Mapping[str, Projection] = PROJECTIONS,
     ) -> None:
         self.events: queue.Queue[Event] = queue.Queue()
         self.stop_event = threading.Event()
-        self.stores = {name: Store() for name in list_fns}
+        self.stores = {name: Store(p.strip if (p := projections.get(name)) else None) for name in list_fns}
         self.reflectors = [
             Reflector(
                 name,
@@ -281,6 +352,7 @@ class WatchCache:
                 self.stop_event,
                 stuck_after_s=stuck_after_s,
                 on_error=None if on_error is None else functools.partial(on_error, name),
+                projection=projections.get(name),
             )
             for name, fn in list_fns.items()
         ]
@@ -332,6 +404,11 @@ class WatchCache:
             except queue.Empty:
                 break
         return out
+
+    def fresh_lists(self, resources: tuple[str, ...]) -> list[Event]:
+        """A consistent LIST of each of `resources` now, as REPLACE events (not queued)."""
+        by_name = {r.resource: r for r in self.reflectors}
+        return [by_name[name].fresh_list() for name in resources if name in by_name]
 
     def __getitem__(self, resource: str) -> dict[str, Obj]:
         return self.stores[resource].objects

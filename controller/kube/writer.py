@@ -6,12 +6,20 @@ instead of overwriting. Merge patches that include `metadata.resourceVersion` ge
 
 Leadership is checked before EVERY write (`NotLeader`), not once per step: a step can outlast the
 renew deadline, and a replica that lost its lease must not write one more object.
+
+Checked once before sending is not enough: a write may still land long after the check. So each write
+carries a deadline, `write_budget()` (controller/kube/leader.py: the time left before any other replica
+can take the Lease over, less a safety margin), both as the client's timeout and as the API server's own
+`timeout` parameter (the server abandons the request when it passes). A write that cannot finish in
+time is not sent. `drain()` waits for the writes in flight, so that a replica giving its Lease up on
+shutdown does so only once none of its writes can still land.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import threading
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -19,6 +27,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from api.constants import ALLOCATION_GATE
+from controller.kube.outcome import NotSent
 from controller.kube.rest import MERGE_PATCH, claim_path, pod_path, request
 from controller.runtime import crashpoints
 
@@ -34,8 +43,14 @@ CONDITION_TYPE = "gpu.flexmig.dev/Allocated"
 Obj = dict[str, Any]
 
 
-class NotLeader(Exception):
-    """This replica does not (or no longer) hold the lease: the write was not sent."""
+WRITE_TIMEOUT_S = 10.0
+"""The longest any write may take, leader or not (the transport's default was 30 s)."""
+MIN_WRITE_BUDGET_S = 0.5
+"""Less time than this left before the Lease could pass to another replica: the write is not sent."""
+
+
+class NotLeader(NotSent):
+    """This replica does not (or no longer) hold the lease, or too little of it is left: not sent."""
 
 
 def is_conflict(exc: BaseException) -> bool:
@@ -62,21 +77,50 @@ class Writer:
         *,
         is_leader: Callable[[], bool] = lambda: True,
         send: Send = request,
+        write_budget: Callable[[], float | None] = lambda: None,
     ) -> None:
         self.api = api_client
         self.component = component
         self.is_leader = is_leader
+        self.write_budget = write_budget
         self._send = send
+        self._in_flight = 0
+        self._idle = threading.Condition()
 
     def _write(self, method: str, path: str, body: Any, content_type: str = "application/json") -> Obj:
         if not self.is_leader():
             raise NotLeader(f"not the leader: {method} {path} not sent")
-        return self._send(self.api, method, path, body, content_type=content_type)
+        budget = self.write_budget()
+        timeout_s = WRITE_TIMEOUT_S if budget is None else min(WRITE_TIMEOUT_S, budget)
+        if timeout_s < MIN_WRITE_BUDGET_S:
+            raise NotLeader(f"{timeout_s:.2f}s of leadership left: {method} {path} not sent")
+        with self._idle:
+            self._in_flight += 1
+        try:
+            return self._send(
+                self.api,
+                method,
+                path,
+                body,
+                content_type=content_type,
+                timeout_s=timeout_s,
+                # The server's own deadline, a little shorter: it gives up before we stop waiting.
+                query=[("timeout", f"{max(1, int(timeout_s * 1000) - 200)}ms")],
+            )
+        finally:
+            with self._idle:
+                self._in_flight -= 1
+                self._idle.notify_all()
+
+    def drain(self, timeout_s: float = WRITE_TIMEOUT_S) -> bool:
+        """Wait until no write is in flight (True), or `timeout_s` passed (False)."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._in_flight == 0, timeout=timeout_s)
 
     # --- claims -------------------------------------------------------------------------------------
 
     def read_claim(self, namespace: str, name: str) -> Obj:
-        return self._send(self.api, "GET", claim_path(namespace, name))
+        return self._send(self.api, "GET", claim_path(namespace, name), timeout_s=WRITE_TIMEOUT_S)
 
     def protect_claim(self, claim: Mapping[str, Any], pod_uid: str) -> Obj:
         """Add our finalizer and the pod annotation (409 if the claim changed since `claim`).
@@ -121,7 +165,7 @@ class Writer:
     # --- pods ---------------------------------------------------------------------------------------
 
     def read_pod(self, namespace: str, name: str) -> Obj:
-        return self._send(self.api, "GET", pod_path(namespace, name))
+        return self._send(self.api, "GET", pod_path(namespace, name), timeout_s=WRITE_TIMEOUT_S)
 
     def release_pod(self, pod: Mapping[str, Any], annotations: Mapping[str, str]) -> Obj:
         """Write the mirror annotation and remove our scheduling gate (409 if the pod changed)."""

@@ -225,6 +225,31 @@ class ControllerMetrics:
             "Watch events older than the controller's own write of the object (ignored)",
             registry=self.registry,
         )
+        self.double_holds = PromCounter(
+            "flexmig_devices_held_twice",
+            "Times a device was found in the allocations of two claims at once (never from this controller)",
+            registry=self.registry,
+        )
+        self.devices_held_twice = Gauge(
+            "flexmig_devices_held_twice_now",
+            "Devices more than one claim's allocation names right now (kept taken until all let go)",
+            registry=self.registry,
+        )
+        self.unknown_writes = PromCounter(
+            "flexmig_claim_writes_unknown_outcome",
+            "Claim writes whose response was lost (timeout, dropped connection, 5xx): held until settled",
+            registry=self.registry,
+        )
+        self.unsettled_writes = Gauge(
+            "flexmig_claim_writes_unsettled",
+            "Claim writes with an unknown outcome not yet settled by a read or the watch",
+            registry=self.registry,
+        )
+        self.catch_ups = PromCounter(
+            "flexmig_leader_catch_ups",
+            "Fresh lists taken on becoming leader, before the first decision",
+            registry=self.registry,
+        )
         self.leader = Gauge(
             "flexmig_leader", "1 while this replica holds the leader lease", registry=self.registry
         )

@@ -5,7 +5,8 @@ ReadTimeoutError included, is retried with backoff and never ends the loop):
 - one reflector per watched resource (controller/kube/watchcache.py);
 - the allocation loop (controller/allocation/loop.py), in the calling thread;
 - leader election (controller/kube/leader.py), when enabled;
-- the in-process webhook's maintenance (certificate, caBundle, template GC), when enabled;
+- the in-process webhook's maintenance (certificate, caBundle, template GC), when enabled, and its
+  shim template sync (controller/webhook/templatesync.py);
 - the metrics port's accept loop (controller/runtime/health.py), which serves /healthz: 503 naming any loop
   that is dead or stuck.
 
@@ -99,7 +100,12 @@ class ControllerProcess:
                 on_error=self._count("leader-election"),
             )
             self.loops.add(self.elector.runner)
-        self.writer = Writer(api, is_leader=self.leading)
+        elector = self.elector
+        self.writer = Writer(
+            api,
+            is_leader=self.leading,
+            write_budget=(lambda: None) if elector is None else elector.write_budget,
+        )
         self.cache = WatchCache.for_api(
             api,
             stuck_after_s=options.reflector_stuck_after_s,
@@ -117,9 +123,12 @@ class ControllerProcess:
         )
         self.webhook: Webhook | None = None
         self.webhook_runner: LoopRunner | None = None
+        self.webhook_loops: list[LoopRunner] = []
         if webhook is not None:
             self.webhook = webhook(self.leading, self.metrics)
             self.webhook_runner = self.loops.add(self._webhook_loop(self.webhook))
+            # Its own loops (the shim template sync), under the same /healthz; they stop with it.
+            self.webhook_loops = [self.loops.add(r) for r in getattr(self.webhook, "loops", ())]
 
     def _count(self, loop: str) -> Callable[[Exception], None]:
         return lambda _exc: self.metrics.loop_errors.labels(loop).inc()
@@ -168,6 +177,8 @@ class ControllerProcess:
             self.elector.start()
         if self.webhook_runner is not None:
             self.webhook_runner.start()
+        for runner in self.webhook_loops:
+            runner.start()
         try:
             self.controller.run(self.stop_event.is_set, runner=self.loops.add)
         finally:
@@ -180,7 +191,16 @@ class ControllerProcess:
             self.webhook.stop()
         if self.webhook_runner is not None:
             self.webhook_runner.join(5)
+        for runner in self.webhook_loops:
+            runner.join(5)
         if self.elector is not None:
+            # Lead no more, then wait for the writes in flight: a Lease released while one can still
+            # land would let the next leader decide without seeing it (controller/allocation/catchup.py).
+            self.elector.resign(release=False)
+            drained = self.writer.drain()
+            self.elector.resign(release=drained)
+            if not drained:
+                log.warning("writes still in flight at shutdown; the lease is left to expire")
             self.elector.stop()
             self.elector.join(timeout=5)
         if self.health is not None:

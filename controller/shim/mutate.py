@@ -2,7 +2,7 @@
 
 Pure: the webhook hands in the pod of an admission request (CREATE only), the namespace, the
 device-config defaults and a lookup that tells whether a pod claim uses a flexmig DeviceClass
-(None: the claim or template does not exist, which is denied); it gets back an RFC 6902 patch, the templates that must exist first, and a log line.
+(None: the claim or template does not exist, which is denied); it gets back an RFC 6902 patch, the templates the pod will name, and a log line.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from api.constants import ALLOCATION_GATE, DNS_LABEL_MAX
+from controller.kube.names import subdomain_problem
 from controller.shim.defaults import ShimDefaults
 from controller.shim.legacy import (
     REMOVED_RESOURCES,
@@ -35,7 +36,8 @@ class MutationResult:
     patch: list[dict[str, Any]]
     """RFC 6902 JSON patch ops against the pod ([] = unchanged)."""
     templates: tuple[TemplateSpec, ...]
-    """Templates that must exist before the pod is admitted (the webhook creates them idempotently)."""
+    """Templates the patched pod names (created by the controller once the pod exists, never by the
+    review: controller/webhook/templatesync.py)."""
     gated: bool
     """Whether the gate gpu.flexmig.dev/allocation is added."""
     reason: str
@@ -118,9 +120,21 @@ def _rewrites(
 def _flexmig_claims(
     entries: Sequence[Any], namespace: str, claim_uses_flexmig: Callable[[Mapping[str, Any]], bool | None]
 ) -> list[str]:
-    """Names of the pod claims that use flexmig devices. A claim or template that does not exist yet
+    """Names of the pod claims that use flexmig devices; a claim or template name the API server would
+    refuse is denied before anything is looked up. A claim or template that does not exist yet
     is denied: admitted ungated, kube-scheduler would allocate flexmig devices behind the controller
     once it appears. The denial is retryable; controllers (Jobs, Deployments) create the pod again."""
+    invalid = [
+        problem
+        for i, entry in enumerate(entries)
+        if isinstance(entry, Mapping)
+        for field in ("resourceClaimName", "resourceClaimTemplateName")
+        if entry.get(field) is not None
+        and (problem := subdomain_problem(f"spec.resourceClaims[{i}].{field}", entry[field]))
+    ]
+    if invalid:
+        # Checked before any lookup: the names become request paths in the namespace's API.
+        raise AdmissionDenied("; ".join(invalid))
     ours: list[str] = []
     missing: list[str] = []
     for i, entry in enumerate(entries):

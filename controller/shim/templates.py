@@ -9,6 +9,7 @@ compute; mode hami-core asks for consumable capacity on a shared GPU; mode any o
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -36,7 +37,7 @@ written before that rule (same shape, no constraint) is never reused for it."""
 
 @dataclass(frozen=True)
 class TemplateSpec:
-    """A ResourceClaimTemplate that must exist before the pod is admitted (the webhook creates it
+    """A ResourceClaimTemplate a rewritten pod names (the controller creates it once the pod exists,
     idempotently: same namespace and name means same body)."""
 
     namespace: str
@@ -50,6 +51,33 @@ def template_name(shape: Shape) -> str:
     memory = f"{shape.memory_mib}mi" if shape.memory_mib is not None else f"{shape.memory_percent}pct"
     distinct = DISTINCT_SUFFIX if shape.count > 1 and shape.mode is not Mode.HAMI_CORE else ""
     return f"flexmig-{shape.mode.value}-{shape.count}x{memory}-c{shape.cores}{distinct}"
+
+
+_NAME_RE = re.compile(
+    r"flexmig-(?P<mode>mig|hami-core|any)-(?P<count>[0-9]+)x(?:(?P<mib>[0-9]+)mi|(?P<pct>[0-9]+)pct)"
+    rf"-c(?P<cores>[0-9]+)(?:{DISTINCT_SUFFIX})?"
+)
+
+
+def shape_from_name(name: object) -> Shape | None:
+    """The shape a shim template name stands for, or None if `template_name` would never write it
+    (so a name that parses always gives back the same template body: names are deterministic)."""
+    if not isinstance(name, str) or len(name) > 64:
+        return None
+    m = _NAME_RE.fullmatch(name)
+    if m is None:
+        return None
+    try:
+        shape = Shape(
+            count=int(m["count"]),
+            memory_mib=None if m["mib"] is None else int(m["mib"]),
+            memory_percent=None if m["pct"] is None else int(m["pct"]),
+            cores=int(m["cores"]),
+            mode=Mode(m["mode"]),
+        )
+    except ValueError:  # out of the shim's ranges
+        return None
+    return shape if template_name(shape) == name else None  # leading zeros, a misplaced -d
 
 
 def describe(shape: Shape) -> str:

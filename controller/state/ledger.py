@@ -18,6 +18,12 @@ resourceVersion the watch must show (that of our write once it landed); it ends 
 least that new is observed (ours, or someone else's newer one), or the claim is forgotten (deleted,
 rolled back). Without comparable versions, only an allocated view ends it.
 
+A device named by two claims at once (only an outside writer, or a write whose outcome we could not
+know, can cause it) stays taken until the last of them lets go: `owners` names the holder it is counted
+for, `more_holders` the others. Freeing it when the first holder went would hand it to a third claim
+while the second still holds it. Each such double hold is queued in `double_holds` for the controller
+to report (an Event and a metric) and kept in `held_twice` while it lasts.
+
 Lifetime hints: `expect_end` records when the pod holding a claim is expected to end (the
 controller reads it from the pod, controller/allocation/lifetime.py); the claim's MIG instances carry
 that end in the `ClusterState` for the policy's co-location term, from the moment the claim is
@@ -109,6 +115,10 @@ class Ledger:
         self.inventory = inventory
         self.claims: dict[str, tuple[Held, ...]] = {}
         self.owners: dict[Held, str] = {}
+        # Every further claim holding a device `owners` already counts, in the order they came.
+        self.more_holders: dict[Held, list[str]] = {}
+        # Double holds found since the controller last took them (device, every holder), to report.
+        self.double_holds: list[tuple[Held, tuple[str, ...]]] = []
         # Per shared GPU: what every share held on it consumes, in sum, and what each share added.
         self.shared_used: dict[GpuRef, ShareAmount] = {}
         self._share_amounts: dict[ShareUse, tuple[GpuRef, ShareAmount]] = {}
@@ -140,6 +150,8 @@ class Ledger:
         new.expected_ends = dict(self.expected_ends)
         for uid, devices in self.claims.items():
             new._apply(uid, devices)
+        # Those found anew above are the same ones again: the controller reports each (device, holders) once.
+        new.double_holds = self.double_holds + new.double_holds
         new.assumed = {uid: rv for uid, rv in self.assumed.items() if uid in new.claims}
         return new
 
@@ -205,11 +217,32 @@ class Ledger:
             except ValueError:  # not placed (its profile is not in the catalog): nothing to mark
                 continue
 
+    @property
+    def held_twice(self) -> int:
+        """How many devices more than one claim holds right now."""
+        return len(self.more_holders)
+
+    def holders(self, key: Held) -> tuple[str, ...]:
+        owner = self.owners.get(key)
+        return () if owner is None else (owner, *self.more_holders.get(key, ()))
+
     def forget(self, uid: str) -> None:
         """The claim is gone, deallocated, or our write failed."""
         self.assumed.pop(uid, None)
         for key in self.claims.pop(uid, ()):
+            more = self.more_holders.get(key)
             if self.owners.get(key) != uid:
+                if more is not None and uid in more:
+                    more.remove(uid)
+                    if not more:
+                        del self.more_holders[key]
+                continue
+            if more:  # another claim still holds it: it stays taken, now counted for that one
+                self.owners[key] = heir = more.pop(0)
+                if not more:
+                    del self.more_holders[key]
+                if heir in self.expected_ends:
+                    self._mark_ends(heir)
                 continue
             del self.owners[key]
             if isinstance(key, ShareUse):
@@ -225,8 +258,12 @@ class Ledger:
         for key in devices:
             other = self.owners.get(key)
             if other is not None and other != uid:
-                # Two claims name one device: only possible through an outside writer. Keep the first.
-                log.error("device allocated to two claims", device=key, claims=[other, uid])
+                # Two claims name one device. Counted once, freed only when both have let go.
+                more = self.more_holders.setdefault(key, [])
+                if uid not in more:
+                    more.append(uid)
+                log.error("device allocated to two claims", device=key, claims=[other, *more])
+                self.double_holds.append((key, (other, *more)))
                 continue
             self.owners[key] = uid
             if isinstance(key, ShareUse):

@@ -8,8 +8,9 @@ whose CEL selectors test `device.driver == "gpu.flexmig.dev"` or read
 (their specs are immutable, but a name can be deleted and reused).
 
 Answers: True/False; None when the referenced object does not exist (yet), which the shim denies
-(retryably) since it cannot tell whose devices the pod will get. An API error other than 404 raises, so the webhook fails closed instead of letting a
-flexmig pod through ungated.
+(retryably) since it cannot tell whose devices the pod will get; a missing template whose name is a
+shim template's is True (its body is fixed by its name, and the controller creates it). An API error
+other than 404 raises, so the webhook fails closed instead of letting a flexmig pod through ungated.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from api.constants import DRIVER_NAME
+from controller.kube.names import namespaced_path
 from controller.kube.rest import request
+from controller.shim.templates import shape_from_name
 
 RESOURCE_API = "/apis/resource.k8s.io/v1"
 DEFAULT_TTL_S = 30.0
@@ -96,12 +99,14 @@ class FlexmigClaims:
         return classes
 
     def _spec_of(self, namespace: str, entry: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        # The shim validated the names (mutate._flexmig_claims); namespaced_path checks them again
+        # and escapes them, so no name from a pod spec can leave the pod's namespace.
         if entry.get("resourceClaimName"):
-            path = f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims/{entry['resourceClaimName']}"
+            path = namespaced_path(RESOURCE_API, namespace, "resourceclaims", entry["resourceClaimName"])
             nested = False
         elif entry.get("resourceClaimTemplateName"):
             name = entry["resourceClaimTemplateName"]
-            path = f"{RESOURCE_API}/namespaces/{namespace}/resourceclaimtemplates/{name}"
+            path = namespaced_path(RESOURCE_API, namespace, "resourceclaimtemplates", name)
             nested = True
         else:
             return {}  # names neither: API validation rejects the pod after the webhook
@@ -117,6 +122,10 @@ class FlexmigClaims:
     def uses_flexmig(self, namespace: str, entry: Mapping[str, Any]) -> bool | None:
         spec = self._spec_of(namespace, entry)
         if spec is None:
+            # A shim template name (say, from a pod spec copied out of the cluster) stands for one
+            # fixed flexmig body, which the controller creates once the pod exists.
+            if not entry.get("resourceClaimName") and shape_from_name(entry.get("resourceClaimTemplateName")):
+                return True
             return None
         wanted = requested_classes(spec)
         if any(is_flexmig_class_name(n) for n in wanted):

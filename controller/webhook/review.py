@@ -4,11 +4,13 @@ or a denial naming what to fix.
 - A review that is not one (not JSON, wrong apiVersion/kind, no request.uid) gets HTTP 400 with a
   message saying what is wrong: there is no uid to answer to.
 - The shim's `AdmissionDenied` becomes `allowed: false` with status code 400 and its message.
-- Anything unexpected (a bug, the API server unreachable while checking a claim or creating a
-  template) becomes `allowed: false` with code 500: the webhook fails closed like its
-  failurePolicy, and the process keeps serving.
-- Templates the patched pod will name are created before the answer, except in dry runs (the
-  webhook declares `sideEffects: NoneOnDryRun`).
+- Anything unexpected (a bug, the API server unreachable while checking a claim) becomes
+  `allowed: false` with code 500: the webhook fails closed like its failurePolicy, and the process
+  keeps serving.
+- A review writes nothing: whoever reaches the webhook port can send one, for any namespace and a pod
+  that never comes to exist. The templates a patched pod names are created by the leader once the pod
+  exists (controller/webhook/templatesync.py), so the webhook declares `sideEffects: None`.
+- `request.namespace` must be a namespace name (a DNS-1123 label): it becomes part of request paths.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from controller.kube.names import label_problem
 from controller.shim import AdmissionDenied, MutationResult, TemplateSpec
 
 log = structlog.get_logger(__name__)
@@ -29,7 +32,9 @@ log = structlog.get_logger(__name__)
 API_VERSION = "admission.k8s.io/v1"
 Mutate = Callable[[Mapping[str, Any], str], MutationResult]
 """(pod, namespace) -> the rewrite; raises AdmissionDenied."""
-EnsureTemplates = Callable[[Sequence[TemplateSpec]], None]
+ObserveTemplates = Callable[[Sequence[TemplateSpec]], None]
+"""Told the templates an admitted pod (not a dry run) names; must not write (the caller of a review is
+not authenticated). Tests record through it; the service sets none."""
 
 
 class ReviewMetrics:
@@ -43,7 +48,7 @@ class ReviewMetrics:
         )
         self.latency = Histogram(
             "flexmig_webhook_admission_seconds",
-            "Time to answer one admission review, template creation included.",
+            "Time to answer one admission review.",
             registry=self.registry,
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
         )
@@ -81,10 +86,13 @@ def _parse(raw: bytes) -> Mapping[str, Any]:
 
 class AdmissionHandler:
     def __init__(
-        self, mutate: Mutate, ensure_templates: EnsureTemplates, metrics: ReviewMetrics | None = None
+        self,
+        mutate: Mutate,
+        observe_templates: ObserveTemplates | None = None,
+        metrics: ReviewMetrics | None = None,
     ) -> None:
         self.mutate = mutate
-        self.ensure_templates = ensure_templates
+        self.observe_templates = observe_templates
         self.metrics = metrics or ReviewMetrics()
 
     def __call__(self, raw: bytes) -> tuple[int, bytes]:
@@ -117,6 +125,9 @@ class AdmissionHandler:
         namespace = request.get("namespace") or ((pod or {}).get("metadata") or {}).get("namespace")
         if not isinstance(pod, Mapping) or not isinstance(namespace, str) or not namespace:
             return "error", _denied(uid, 400, "request.object or request.namespace: missing from the review")
+        if problem := label_problem("request.namespace", namespace):
+            log.info("pod denied", pod=who, message=problem)
+            return "denied", _denied(uid, 400, problem)
         try:
             result = self.mutate(pod, namespace)
         except AdmissionDenied as exc:
@@ -127,12 +138,8 @@ class AdmissionHandler:
             return "error", _denied(
                 uid, 500, f"flexmig webhook: internal error while reviewing the pod: {exc}"
             )
-        if result.templates and not request.get("dryRun"):
-            try:
-                self.ensure_templates(result.templates)
-            except Exception as exc:
-                log.warning("templates not ensured", pod=who, error=str(exc))
-                return "error", _denied(uid, 500, f"flexmig webhook: {exc}; retry the request")
+        if result.templates and not request.get("dryRun") and self.observe_templates is not None:
+            self.observe_templates(result.templates)
         if not result.patch:
             log.debug("pod unchanged", pod=who, reason=result.reason)
             return "unchanged", {"uid": uid, "allowed": True}

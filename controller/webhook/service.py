@@ -1,5 +1,6 @@
-"""The webhook as one service inside `flexmig controller`: every replica serves admissions; the
-leader alone writes (certificate Secret, caBundle, template garbage collection).
+"""The webhook as one service inside `flexmig controller`: every replica serves admissions, which
+write nothing; the leader alone writes (certificate Secret, caBundle, the shim templates existing pods
+name, template garbage collection).
 
 One maintenance thread, every `tick_s` (every second until the first certificate is there):
 1. refresh the certificate (`CertSource.refresh`; the leader creates or renews it) and swap the TLS
@@ -8,6 +9,9 @@ One maintenance thread, every `tick_s` (every second until the first certificate
 2. leader, self-generated certificate: make the webhook configuration trust its CA bundle;
 3. leader, every `gc_interval_s`: delete unused shim templates.
 Each step is guarded: a failing step is logged and retried next tick, the others still run.
+
+`loops` are the service's other loops, for the process to run and health-check: the template sync
+(controller/webhook/templatesync.py), which creates the shim templates of pods that exist.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from controller.webhook.flexmigclaims import FlexmigClaims
 from controller.webhook.review import AdmissionHandler, ReviewMetrics
 from controller.webhook.server import TlsState, WebhookServer
 from controller.webhook.templates import DEFAULT_GRACE_S, TemplateCollector, TemplateEnsurer
+from controller.webhook.templatesync import TemplateSync
+from driver.looprunner import LoopRunner
 
 log = structlog.get_logger(__name__)
 
@@ -80,12 +86,15 @@ class WebhookService:
         )
         self.claims = FlexmigClaims(api)
         self.ensurer = TemplateEnsurer(api)
-        self.collector = TemplateCollector(api, grace_s=settings.template_grace_s)
-        self.handler = AdmissionHandler(self._mutate, self.ensurer.ensure, ReviewMetrics(registry))
+        self.collector = TemplateCollector(api, grace_s=settings.template_grace_s, ensurer=self.ensurer)
+        # Reviews write nothing (their caller is not authenticated): no template hook.
+        self.handler = AdmissionHandler(self._mutate, None, ReviewMetrics(registry))
         self.tls = TlsState()
         self.server: WebhookServer | None = None
         self.serving = threading.Event()
         self.stop_event = threading.Event()
+        self.sync = TemplateSync(api, self.ensurer, is_leader=is_leader, stop=self.stop_event)
+        self.loops: list[LoopRunner] = [self.sync.runner]
         self._thread = threading.Thread(target=self._run, name="webhook-maintenance", daemon=True)
         self._bundle: CertBundle | None = None
         self._last_gc = float("-inf")
@@ -94,7 +103,10 @@ class WebhookService:
         return mutate_pod(pod, namespace, self.defaults, self.claims.checker(namespace))
 
     def start(self) -> None:
+        """Standalone use; `flexmig controller` runs tick() and `loops` under its own LoopRunners."""
         self._thread.start()
+        for loop in self.loops:
+            loop.start()
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -151,7 +163,9 @@ class WebhookService:
             )
         if self.server is None:
             s = self.settings
-            self.server = WebhookServer(s.address, s.port, s.path, self.handler, self.tls)
+            self.server = WebhookServer(
+                s.address, s.port, s.path, self.handler, self.tls, registry=self.handler.metrics.registry
+            )
             self.server.start()
             self.serving.set()
             log.info("webhook serving", address=s.address, port=self.server.port, path=s.path)

@@ -1,13 +1,17 @@
-"""The shim's ResourceClaimTemplates: made to exist before a pod naming one is admitted, and deleted
-once no pod in their namespace names them.
+"""The shim's ResourceClaimTemplates: made to exist for pods that exist and name one (by the leader,
+controller/webhook/templatesync.py, never by an admission review), and deleted once no pod in their
+namespace names them.
 
-Why deleting never races an admission in flight: every use stamps the template's
-`gpu.flexmig.dev/last-used` annotation (at most once per `touch_s` per replica, the stamp is cached),
-and the collector deletes only templates whose last use (or creation) is older than `grace_s`, which
-is far longer than `touch_s` plus an admission (the webhook timeout) plus the time until the new pod
-shows in a pod list. The delete carries the resourceVersion the collector judged, so a stamp written
-meanwhile makes it fail (409) instead of deleting a template that was just used. Clocks of the
-replicas must agree to within `grace_s - touch_s` (minutes), which NTP gives.
+Why deleting never strands a pod: every use stamps the template's `gpu.flexmig.dev/last-used`
+annotation (at most once per `touch_s`, the stamp is cached), and the collector deletes only
+templates whose last use (or creation) is older than `grace_s` and that no pending or running pod of
+their namespace names. The delete carries the resourceVersion the collector judged, so a stamp
+written meanwhile makes it fail (409). A pod created between the collector's pod list and its delete
+is caught by a second pod list after the delete: a template such a pod names is created again at
+once (the claim controller creates the pod's claim when the template appears).
+
+Memory: the stamp cache is bounded per namespace and in namespaces (least recently used go first);
+forgetting a stamp only costs one more PATCH.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import datetime as dt
 import json
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -23,9 +28,10 @@ import structlog
 from kubernetes.client.exceptions import ApiException
 
 from api.constants import DRIVER_NAME
+from controller.kube.names import namespaced_path, segment
 from controller.kube.rest import MERGE_PATCH, request
 from controller.shim import TemplateSpec, is_shim_template, template_names_used_by
-from controller.shim.templates import LABEL_SHIM_TEMPLATE
+from controller.shim.templates import LABEL_SHIM_TEMPLATE, shape_from_name, template_for
 
 log = structlog.get_logger(__name__)
 
@@ -33,17 +39,17 @@ LAST_USED_ANNOTATION = f"{DRIVER_NAME}/last-used"
 DEFAULT_GRACE_S = 600.0
 DEFAULT_TOUCH_S = 60.0
 API_TIMEOUT_S = 4.0
-"""Per write while an admission waits (see flexmigclaims.API_TIMEOUT_S)."""
+"""Per request: a hung API call must not hold the template sync (or the collector) for long."""
+MAX_NAMESPACES = 1024
+MAX_PER_NAMESPACE = 32
+"""Bounds of the stamp cache: 32 shapes per namespace is more than real workloads use."""
 
 
 def templates_path(namespace: str | None = None, name: str = "") -> str:
     base = "/apis/resource.k8s.io/v1"
-    path = (
-        f"{base}/namespaces/{namespace}/resourceclaimtemplates"
-        if namespace
-        else f"{base}/resourceclaimtemplates"
-    )
-    return f"{path}/{name}" if name else path
+    if namespace:
+        return namespaced_path(base, namespace, "resourceclaimtemplates", name)
+    return f"{base}/resourceclaimtemplates"
 
 
 def _stamp(t: float) -> str:
@@ -78,24 +84,33 @@ class TemplateError(RuntimeError):
 
 
 class TemplateEnsurer:
-    """Called by the webhook, on any replica, from many threads."""
+    """Called by the leader's template sync (and the collector); thread-safe."""
 
     def __init__(
-        self, api: Any, *, touch_s: float = DEFAULT_TOUCH_S, clock: Callable[[], float] = time.time
+        self,
+        api: Any,
+        *,
+        touch_s: float = DEFAULT_TOUCH_S,
+        clock: Callable[[], float] = time.time,
+        max_namespaces: int = MAX_NAMESPACES,
+        max_per_namespace: int = MAX_PER_NAMESPACE,
     ) -> None:
         self.api = api
         self.touch_s = touch_s
         self.clock = clock
-        self._touched: dict[tuple[str, str], float] = {}
+        self.max_namespaces = max_namespaces
+        self.max_per_namespace = max_per_namespace
+        # namespace -> template name -> when stamped; both levels least recently used first
+        self._touched: OrderedDict[str, OrderedDict[str, float]] = OrderedDict()
         self._lock = threading.Lock()
 
     def ensure(self, specs: Sequence[TemplateSpec]) -> None:
         for spec in specs:
-            key = (spec.namespace, spec.name)
             now = self.clock()
             with self._lock:
-                fresh = now - self._touched.get(key, float("-inf")) < self.touch_s
-            if fresh:
+                names = self._touched.get(spec.namespace)
+                stamped = float("-inf") if names is None else names.get(spec.name, float("-inf"))
+            if now - stamped < self.touch_s:
                 continue
             try:
                 self._ensure_one(spec, now)
@@ -104,8 +119,23 @@ class TemplateEnsurer:
                     f"ResourceClaimTemplate {spec.namespace}/{spec.name} could not be created: "
                     f"{exc.status} {_message(exc)}"
                 ) from exc
-            with self._lock:
-                self._touched[key] = now
+            self._remember(spec.namespace, spec.name, now)
+
+    def _remember(self, namespace: str, name: str, now: float) -> None:
+        with self._lock:
+            names = self._touched.setdefault(namespace, OrderedDict())
+            self._touched.move_to_end(namespace)
+            names[name] = now
+            names.move_to_end(name)
+            while len(names) > self.max_per_namespace:
+                names.popitem(last=False)
+            while len(self._touched) > self.max_namespaces:
+                self._touched.popitem(last=False)
+
+    def cached(self) -> int:
+        """Stamps kept (for tests and a bound check)."""
+        with self._lock:
+            return sum(len(names) for names in self._touched.values())
 
     def _ensure_one(self, spec: TemplateSpec, now: float) -> None:
         body: dict[str, Any] = json.loads(json.dumps(spec.body))
@@ -146,7 +176,7 @@ class TemplateEnsurer:
         owners = []
         for name in class_names(body):
             try:
-                cls = request(self.api, "GET", f"{CLASSES_PATH}/{name}", timeout_s=API_TIMEOUT_S)
+                cls = request(self.api, "GET", f"{CLASSES_PATH}/{segment(name)}", timeout_s=API_TIMEOUT_S)
             except ApiException as exc:
                 if exc.status == 404:  # no such class: the claim will fail on it anyway, say nothing
                     continue
@@ -160,7 +190,11 @@ class TemplateEnsurer:
 
     def forget(self, namespace: str, name: str) -> None:
         with self._lock:
-            self._touched.pop((namespace, name), None)
+            names = self._touched.get(namespace)
+            if names is not None:
+                names.pop(name, None)
+                if not names:
+                    del self._touched[namespace]
 
 
 CLASSES_PATH = "/apis/resource.k8s.io/v1/deviceclasses"
@@ -211,25 +245,50 @@ def unused_templates(
 
 
 class TemplateCollector:
-    """Run by the leader only."""
+    """Run by the leader only. With an `ensurer`, a template deleted while a new pod came to name it
+    is created again at once (see the module's docstring)."""
 
     def __init__(
-        self, api: Any, *, grace_s: float = DEFAULT_GRACE_S, clock: Callable[[], float] = time.time
+        self,
+        api: Any,
+        *,
+        grace_s: float = DEFAULT_GRACE_S,
+        clock: Callable[[], float] = time.time,
+        ensurer: TemplateEnsurer | None = None,
     ) -> None:
         self.api = api
         self.grace_s = grace_s
         self.clock = clock
+        self.ensurer = ensurer
 
     def _pods(self, namespace: str) -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = request(self.api, "GET", f"/api/v1/namespaces/{namespace}/pods")[
+        items: list[dict[str, Any]] = request(self.api, "GET", namespaced_path("/api/v1", namespace, "pods"))[
             "items"
         ]
         return items
+
+    def _recreate_if_named(self, namespace: str, names: set[str]) -> None:
+        if self.ensurer is None:
+            return
+        for name in names:
+            self.ensurer.forget(namespace, name)
+        named: set[str] = set()
+        for pod in self._pods(namespace):
+            if not _terminal(pod):
+                named |= template_names_used_by(pod) & names
+        for name in sorted(named):
+            shape = shape_from_name(name)
+            if shape is not None:
+                log.info(
+                    "shim template named by a new pod; creating it again", template=f"{namespace}/{name}"
+                )
+                self.ensurer.ensure([template_for(namespace, shape)])
 
     def collect(self) -> list[str]:
         """Delete what is unused; the "namespace/name"s deleted."""
         listed = request(self.api, "GET", templates_path(), query=[("labelSelector", LABEL_SHIM_TEMPLATE)])
         deleted: list[str] = []
+        by_namespace: dict[str, set[str]] = {}
         for t in unused_templates(listed.get("items") or [], self._pods, self.clock(), self.grace_s):
             meta = t["metadata"]
             options = {
@@ -244,6 +303,9 @@ class TemplateCollector:
                     continue
                 raise
             deleted.append(f"{meta['namespace']}/{meta['name']}")
+            by_namespace.setdefault(meta["namespace"], set()).add(meta["name"])
         if deleted:
             log.info("unused shim templates deleted", templates=deleted)
+        for namespace, names in sorted(by_namespace.items()):
+            self._recreate_if_named(namespace, names)
         return deleted

@@ -120,6 +120,13 @@ class NodeMetrics:
             ["loop"],
             registry=self.registry,
         )
+        self.http_rejected = Counter(
+            "flexmig_node_http_connections_rejected_total",
+            "Connections or requests the metrics/health port refused to bound what clients hold, by "
+            "reason (driver/boundedhttp.py): capacity, evicted, deadline, headers_too_large",
+            ["reason"],
+            registry=self.registry,
+        )
         self.checkpoint_claims = Gauge(
             "flexmig_node_checkpoint_claims",
             "Claims in the node checkpoint, by state",
@@ -238,4 +245,5 @@ class MetricsServer(ProbeServer):
             metrics_content_type=CONTENT_TYPE_LATEST,
             healthy=healthy,
             on_error=lambda exc: metrics.loop_errors.labels(loop=LOOP_NAME).inc(),
+            on_reject=lambda reason: metrics.http_rejected.labels(reason=reason).inc(),
         )

@@ -89,7 +89,7 @@ def test_template_defaults(helm_bin: Path, tmp_path: Path) -> None:
         + ["ConfigMap"] * 2
         + ["Service"] * 3
         + ["DeviceClass"] * 3
-        + ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"] * 2
+        + ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"] * 3  # slices, pods, claims
         + ["Secret"]  # the webhook certificate's, owned by Helm so that uninstall deletes it
     )
     # `helm test` only: its pod, ServiceAccount, RBAC and script.
@@ -176,12 +176,14 @@ def test_template_defaults(helm_bin: Path, tmp_path: Path) -> None:
 
     # The webhook: fails closed, never for the release namespace or kube-system.
     hook = one(docs, "MutatingWebhookConfiguration")["webhooks"][0]
-    # NoneOnDryRun: the webhook creates the shim's ResourceClaimTemplates, except in dry runs.
+    # None: a review writes nothing (the controller creates shim templates for pods that exist).
     assert (hook["failurePolicy"], hook["sideEffects"], hook["admissionReviewVersions"]) == (
         "Fail",
-        "NoneOnDryRun",
+        "None",
         ["v1"],
     )
+    # Opting out is per namespace only: a pod's own labels cannot exempt it.
+    assert "objectSelector" not in hook
     assert hook["rules"][0]["operations"] == ["CREATE"] and hook["rules"][0]["resources"] == ["pods"]
     excluded = hook["namespaceSelector"]["matchExpressions"][0]
     assert excluded["operator"] == "NotIn" and {"flexmig-system", "kube-system"} <= set(excluded["values"])

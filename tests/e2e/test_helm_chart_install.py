@@ -190,7 +190,7 @@ def _check_objects(raw: Raw, core: Any) -> None:
         "GET", f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{RELEASE}.{DRIVER}"
     )
     assert hook["webhooks"][0]["clientConfig"]["service"]["name"] == f"{RELEASE}-webhook"
-    for kind in ("slices", "pods"):
+    for kind in ("slices", "pods", "claims"):
         name = f"{RELEASE}-{kind}-node-scope.{DRIVER}"
         base = "/apis/admissionregistration.k8s.io/v1"
         raw.request("GET", f"{base}/validatingadmissionpolicybindings/{name}")
@@ -361,7 +361,7 @@ def _check_node_scope_policy(
         )
         # Another node's slice (here created by an admin) can be neither changed nor deleted.
         raw.request("POST", slices, slice_body(f"{node_b}-foreign", node_b))
-        foreign = as_plugin.request("GET", f"{slices}/{node_b}-foreign")  # reading is not restricted
+        foreign = raw.request("GET", f"{slices}/{node_b}-foreign")  # the plugin only lists (by node)
         foreign["spec"]["devices"] = []
         assert node_b in denied("PUT", f"{slices}/{node_b}-foreign", foreign)
         assert node_b in denied("DELETE", f"{slices}/{node_b}-foreign", None)
@@ -386,10 +386,12 @@ def _check_webhook_scope(api: Any, raw: Raw, core: Any, gpu_ns: str) -> None:
     exc = first_refusal(lambda: raw.request("POST", pods, pod_body("gpu", gpu=True), query=dry))
     assert f'failed calling webhook "pods.{DRIVER}"' in api_error(exc), api_error(exc)
     raw.request("POST", pods, pod_body("plain"), query=dry)
-    # The opt-out label on the pod, and the release namespace, bypass the webhook.
+    # The opt-out label on the pod does not bypass the webhook (only an administrator's namespace
+    # label does): it fails closed like any other GPU pod. The release namespace bypasses it.
     opted_out = pod_body("gpu-opted-out", gpu=True)
     opted_out["metadata"]["labels"] = {"gpu.flexmig.dev/webhook": "disabled"}
-    raw.request("POST", pods, opted_out, query=dry)
+    exc = first_refusal(lambda: raw.request("POST", pods, opted_out, query=dry))
+    assert f'failed calling webhook "pods.{DRIVER}"' in api_error(exc), api_error(exc)
     raw.request(
         "POST", f"/api/v1/namespaces/{NAMESPACE}/pods", pod_body("gpu", gpu=True, sa=PLUGIN_SA), query=dry
     )

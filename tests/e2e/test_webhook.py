@@ -5,8 +5,9 @@ chart's controller ServiceAccount (so the chart's RBAC is what it gets), then:
 - the controller creates its certificate Secret and patches the CA into the chart's
   MutatingWebhookConfiguration, and serves a certificate that CA verifies;
 - a HAMi pod (`nvidia.com/gpu: 2`, `nvidia.com/gpumem: 8000`) is admitted gated, without its
-  nvidia.com resources, its claim made from a shim ResourceClaimTemplate that exists;
-- a dry run is translated the same way but creates no template (sideEffects NoneOnDryRun);
+  nvidia.com resources, its claim made from a shim ResourceClaimTemplate the controller creates once
+  the pod exists;
+- a dry run is translated the same way but creates no template (a review writes nothing);
 - a bad pod (`gpumem-percentage: 150`) is denied with a message naming the container and resource;
 - a pod without GPU resources, and one whose own claim uses another driver's class, are untouched;
   one whose own claim uses a flexmig class is gated.
@@ -236,10 +237,10 @@ def test_hami_pod_is_translated_gated_and_its_template_exists(installed: Install
     assert resources["limits"] == {"cpu": "1"}
     (claim,) = spec["resourceClaims"]
     assert resources["claims"] == [{"name": claim["name"]}]
-    template = rest(
-        installed.api,
-        "GET",
-        f"/apis/resource.k8s.io/v1/namespaces/{pods_ns}/resourceclaimtemplates/{claim['resourceClaimTemplateName']}",
+    template = eventually(
+        lambda: template_of(installed, pods_ns, claim["resourceClaimTemplateName"]),
+        30,
+        "the controller to create the shim template the stored pod names",
     )
     assert template["metadata"]["labels"][SHIM_LABEL] == "v1"
     assert f"{DRIVER}/last-used" in template["metadata"]["annotations"]  # what the collector reads
@@ -248,6 +249,20 @@ def test_hami_pod_is_translated_gated_and_its_template_exists(installed: Install
     assert mig["count"] == 2 and 'quantity("8000Mi")' in mig["selectors"][0]["cel"]["expression"]
     # deviceConfig.defaultCores=10 from the chart's ConfigMap reached the shim.
     assert "computeSlices * 100 >= 10 *" in mig["selectors"][0]["cel"]["expression"]
+
+
+def template_of(installed: Installed, namespace: str, name: str) -> dict[str, Any] | None:
+    """The template, or None while it does not exist."""
+    try:
+        return rest(
+            installed.api,
+            "GET",
+            f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates/{name}",
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
 
 
 def test_a_dry_run_is_translated_but_creates_no_template(installed: Installed, pods_ns: str) -> None:
@@ -314,8 +329,8 @@ def test_pods_without_gpu_resources_are_untouched_and_flexmig_claims_gated(
 
 
 def test_no_permission_error_in_what_the_tests_above_exercised(installed: Installed, pods_ns: str) -> None:
-    """The Secret create, caBundle patch, template create/stamp and claim/class reads the tests above
-    drove ran without a refusal. Template deletion and Secret renewal are not exercised here (the
+    """The Secret create, caBundle patch, template create (by the template sync, watching pods) and
+    claim/class reads the tests above drove ran without a refusal. Template deletion and Secret renewal are not exercised here (the
     grace and the certificate lifetime are far longer than this module), so their RBAC is not shown."""
     installed.alive()
     log = installed.log_text()

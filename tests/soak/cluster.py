@@ -26,6 +26,7 @@ from tests.e2e.cluster import Component, ControlPlane, free_port, wait_until
 from tests.e2e.plugin_harness import REPO, PluginProcess, metric_samples, scrape
 from tests.e2e.scenario import NodeSpec, Scenario, ScenarioOptions, SimNode
 
+from .cutproxy import ResponseCutter
 from .proxy import TcpForwarder
 
 #: Two MIG nodes (A100-40GB x2, H100-80GB x1), one hami-core node, one MIG node with mixed models.
@@ -74,6 +75,8 @@ class SoakCluster:
         self.forwarder = TcpForwarder(self.scenario.webhook_port, self._live_webhook_ports)
         self.plugin_env: dict[str, str] = {}
         self.standin_errors = 0
+        # Each replica reaches kube-apiserver through its own proxy, which can drop responses.
+        self.cutters = {n: ResponseCutter(cp.apiserver_port, seed=i) for i, n in enumerate(REPLICAS)}
 
     # --- setup ------------------------------------------------------------------------------------
 
@@ -96,6 +99,8 @@ class SoakCluster:
 
     def stop(self, failed: bool = False) -> None:
         self.forwarder.stop()
+        for cutter in self.cutters.values():
+            cutter.stop()
         for rep in self.replicas.values():
             if rep.proc is not None:
                 rep.proc.stop()
@@ -128,6 +133,8 @@ class SoakCluster:
         identity = f"{sc.controller_sa}-{name}"
         args = [a.replace("$(POD_NAME)", identity) for a in ctrl.args]
         kubeconfig = self._token(sc.controller_sa, sc.workdir / f"controller-{name}.kubeconfig")
+        via = f"https://127.0.0.1:{self.cutters[name].port}"
+        kubeconfig.write_text(kubeconfig.read_text().replace(self.cp.server, via))
         env = {
             k: v for k, v in os.environ.items() if not k.startswith(("KUBECONFIG", "KUBERNETES_", "FLEXMIG_"))
         }
@@ -161,6 +168,20 @@ class SoakCluster:
         code = rep.proc.proc.wait(30)
         rep.proc._log.close()
         return code
+
+    def stop_replica(self, name: str) -> int | None:
+        """SIGTERM a replica, as a rolling update does; its exit code (None if it was not running)."""
+        rep = self.replicas[name]
+        if rep.proc is None or rep.proc.proc.poll() is not None:
+            return None
+        return rep.proc.stop(timeout_s=40)
+
+    def set_cut_rate(self, rate: float) -> None:
+        for cutter in self.cutters.values():
+            cutter.cut_rate = rate
+
+    def response_cuts(self) -> int:
+        return sum(c.cuts for c in self.cutters.values())
 
     def _token(self, sa: str, path: Path, bound_pod: Mapping[str, Any] | None = None) -> Path:
         sc = self.scenario

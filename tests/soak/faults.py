@@ -13,6 +13,7 @@
 | plugin-crash-mid-unprepare | armed at `mid-destroy`, a running MIG pod deleted, SIGKILLed there |
 | kubelet-restart | a node's kubelet stand-in restarted (it wipes the slices and re-registers the plugin) |
 | webhook-unreachable | the webhook's address refuses connections for `down_s`; pods created then must be refused |
+| lost-responses, rolling-update | at the controller's boundaries: faults_boundary.py |
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from controller.kube.rest import request
 from tests.e2e.scenario import SimNode
 
 from .cluster import SoakCluster, wait_for
+from .faults_boundary import lost_responses, rolling_update
 from .workload import Churn, PodKind
 
 
@@ -41,6 +43,8 @@ class Fault(enum.StrEnum):
     PLUGIN_CRASH_UNPREPARE = "plugin-crash-mid-unprepare"
     KUBELET_RESTART = "kubelet-restart"
     WEBHOOK_UNREACHABLE = "webhook-unreachable"
+    LOST_RESPONSES = "lost-responses"
+    ROLLING_UPDATE = "rolling-update"
 
 
 @dataclass(frozen=True)
@@ -240,4 +244,6 @@ _FAULTS: dict[Fault, Callable[[FaultContext], tuple[bool, str]]] = {
     ),
     Fault.KUBELET_RESTART: _kubelet_restart,
     Fault.WEBHOOK_UNREACHABLE: _webhook_unreachable,
+    Fault.LOST_RESPONSES: lost_responses,
+    Fault.ROLLING_UPDATE: rolling_update,
 }

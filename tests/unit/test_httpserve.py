@@ -155,18 +155,23 @@ def test_a_failing_collector_or_check_answers_500_and_the_server_keeps_serving(
 
 
 def test_an_idle_client_is_dropped_after_the_connection_timeout(
-    serve: Callable[[ProbeServer], ProbeServer], monkeypatch: pytest.MonkeyPatch
+    serve: Callable[[ProbeServer], ProbeServer],
 ) -> None:
     import socket
 
-    import driver.httpserve as httpserve
+    from driver.boundedhttp import Limits
 
-    monkeypatch.setattr(httpserve, "_CONNECTION_TIMEOUT_S", 0.3)
+    limits = Limits(max_connections=4, request_deadline_s=0.3, idle_timeout_s=0.3, poll_s=0.05)
     server = serve(
         ProbeServer(
-            "127.0.0.1", 0, metrics=lambda: b"", metrics_content_type=TEXT, healthy=lambda: (True, "")
+            "127.0.0.1",
+            0,
+            metrics=lambda: b"",
+            metrics_content_type=TEXT,
+            healthy=lambda: (True, ""),
+            limits=limits,
         )
     )
     with socket.create_connection(("127.0.0.1", server.port), timeout=5) as idle:
-        # Sends nothing: the server closes it after its timeout instead of holding a thread forever.
+        # Sends nothing: the server closes it after its deadline instead of holding a thread forever.
         assert idle.recv(1) == b""

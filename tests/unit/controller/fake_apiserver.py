@@ -10,8 +10,10 @@ or replay it (as a slow or reconnecting watch does), and inspect what the "serve
 from __future__ import annotations
 
 import copy
+import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from types import SimpleNamespace
 from typing import Any
 
 from ctl_helpers import CLASSES, node_slices
@@ -49,6 +51,10 @@ class FakeApiServer:
         self.watch: list[Event] = []  # every change, in order; the test delivers them
         self.events: list[Obj] = []  # core/v1 Events posted
         self.fail: list[tuple[str, str, int]] = []  # (method, path suffix, status): fail the next match
+        # (method, path suffix, error): APPLY the next match, then raise `error` instead of answering,
+        # as when the response is lost on the way back (timeout, connection cut, 504 from a proxy).
+        self.lose: list[tuple[str, str, BaseException]] = []
+        self.down = False  # every request is refused as by an API server that is not listening
         self.requests: list[tuple[str, str]] = []
 
     # --- what the test does to the cluster ----------------------------------------------------------
@@ -90,6 +96,17 @@ class FakeApiServer:
             for r in RESOURCES
         ]
 
+    def list_fn(self, resource: str) -> Callable[..., Any]:
+        """The LIST a reflector (or a new leader's catch-up) sends: every object, at the current version."""
+
+        def list_now(**_kw: Any) -> Any:
+            self.requests.append(("LIST", resource))
+            items = [copy.deepcopy(o) for o in self.objects[resource].values()]
+            body = {"metadata": {"resourceVersion": str(self.rv)}, "items": items}
+            return SimpleNamespace(data=json.dumps(body).encode())
+
+        return list_now
+
     def audit(self) -> list[Violation]:
         return audit_allocations(
             self.objects["resourceclaims"].values(), self.objects["resourceslices"].values()
@@ -105,7 +122,17 @@ class FakeApiServer:
 
     # --- what the controller's Writer sends ---------------------------------------------------------
 
-    def send(self, _api: Any, method: str, path: str, body: Any = None, **_kw: Any) -> Obj:
+    def send(self, api: Any, method: str, path: str, body: Any = None, **kw: Any) -> Obj:
+        if self.down:
+            raise ConnectionRefusedError(f"{method} {path}: connection refused")
+        for i, (m, suffix, error) in enumerate(self.lose):
+            if m == method and path.endswith(suffix):
+                del self.lose[i]
+                self._send(api, method, path, body, **kw)
+                raise error
+        return self._send(api, method, path, body, **kw)
+
+    def _send(self, _api: Any, method: str, path: str, body: Any = None, **_kw: Any) -> Obj:
         self.requests.append((method, path))
         for i, (m, suffix, status) in enumerate(self.fail):
             if m == method and path.endswith(suffix):
@@ -173,10 +200,12 @@ class Harness:
         self.api.watch.clear()
         self.writer = Writer(None, send=self.api.send)
         self.ctl = Controller(
-            WatchCache({r: (lambda **_: None) for r in RESOURCES}), self.writer, metrics=metrics
+            WatchCache({r: self.api.list_fn(r) for r in RESOURCES}), self.writer, metrics=metrics
         )
         self.delivered = 0
         self.ctl.apply(self.api.lists())
+        # Leading from the start on what it just listed; a test of a handover calls `catch_up.lost()`.
+        self.ctl.catch_up.finished()
 
     def add_claim(self, claim: Obj) -> Obj:
         return self.api.put_object("resourceclaims", claim)

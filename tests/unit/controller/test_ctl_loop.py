@@ -86,7 +86,7 @@ def _controller(writer: Writer, claims: list[Obj]) -> Controller:
             "containers": [{"name": "main"}],
         },
     }
-    ctl = Controller(cache, writer)
+    ctl = Controller(cache, writer, catch_up=False)
     ctl.apply(
         [
             Event("nodes", "REPLACE", items=({"metadata": {"name": "n1"}, "spec": {}},)),
@@ -99,10 +99,8 @@ def _controller(writer: Writer, claims: list[Obj]) -> Controller:
     return ctl
 
 
-@pytest.mark.parametrize(
-    "error", [TimeoutError("read timed out"), ConnectionResetError("reset"), ApiException(status=500)]
-)
-def test_a_failed_second_write_undoes_the_first(error: BaseException) -> None:
+@pytest.mark.parametrize("error", [ApiException(status=422), ApiException(status=403)])
+def test_a_refused_second_write_undoes_the_first(error: BaseException) -> None:
     claims = [claim(name, 'device.attributes["gpu.flexmig.dev"].profile == "1g.5gb"') for name in ("a", "b")]
     assert all(c["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] == CLASS for c in claims)
     writer = FlakyWriter({c["metadata"]["name"]: c for c in claims}, error)
@@ -114,8 +112,28 @@ def test_a_failed_second_write_undoes_the_first(error: BaseException) -> None:
         stored = writer.claims[name]
         assert not (stored.get("status") or {}).get("allocation"), name
         assert FINALIZER not in (stored["metadata"].get("finalizers") or []), name
-    assert not ctl.ledger.assumed  # nothing stays counted as used
+    assert not ctl.ledger.owners  # nothing stays counted as used
     assert not writer.released
+
+
+@pytest.mark.parametrize(
+    "error", [TimeoutError("read timed out"), ConnectionResetError("reset"), ApiException(status=500)]
+)
+def test_a_second_write_with_an_unknown_outcome_undoes_nothing_and_holds_both(error: BaseException) -> None:
+    """The second allocation may have landed: both claims stay held, the pod waits until it is known."""
+    claims = [claim(name, 'device.attributes["gpu.flexmig.dev"].profile == "1g.5gb"') for name in ("a", "b")]
+    writer = FlakyWriter({c["metadata"]["name"]: c for c in claims}, error)
+    ctl = _controller(writer, claims)
+    with pytest.raises(type(error)):
+        ctl._process_pod("ns/p")
+    assert writer.claims["a"]["status"]["allocation"]  # confirmed: kept for the pod
+    uid_b = claims[1]["metadata"]["uid"]
+    assert uid_b in ctl.uncertain.entries
+    assert len(ctl.ledger.owners) == 2  # a's device, and the one b may hold
+    assert not writer.released
+    ctl._process_pod("ns/p")  # decided again before it is known: it must not be
+    assert writer.writes == 2 and not writer.released
+    assert ctl.pending["ns/p"].reason == "WaitingForClaims"
 
 
 def test_the_pod_is_allocated_when_nothing_fails() -> None:

@@ -96,7 +96,9 @@ class Cluster:
         mig = dict(mig or {})
         hami = dict(hami or {})
         self.writer = RecordingWriter()
-        self.controller = Controller(WatchCache({r: (lambda **_: None) for r in RESOURCES}), self.writer)
+        self.controller = Controller(
+            WatchCache({r: (lambda **_: None) for r in RESOURCES}), self.writer, catch_up=False
+        )
         slices = [s for node, (model, n) in mig.items() for s in node_slices(node, model, n)]
         slices += [shared_slice(node, mems) for node, mems in hami.items()]
         nodes = tuple({"metadata": {"name": n}, "spec": {}} for n in [*mig, *hami])

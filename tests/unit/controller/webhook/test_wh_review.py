@@ -69,7 +69,7 @@ def answer(h: AdmissionHandler, body: bytes) -> dict[str, Any]:
     return response
 
 
-def test_a_legacy_gpu_pod_is_patched_and_its_template_ensured_first() -> None:
+def test_a_legacy_gpu_pod_is_patched_and_the_templates_it_names_observed() -> None:
     ensure = Recorder()
     h = handler(ensure)
     resp = answer(h, review(pod({"nvidia.com/gpu": "2", "nvidia.com/gpumem": "8k", "cpu": "1"})))
@@ -110,11 +110,33 @@ def test_dry_run_creates_no_templates_but_still_patches() -> None:
     assert ensure.ensured == []
 
 
-def test_a_template_that_cannot_be_created_denies_with_500() -> None:
-    ensure = Recorder(fail=RuntimeError("ResourceClaimTemplate team-a/x could not be created: 403 forbidden"))
-    resp = answer(handler(ensure), review(pod({"nvidia.com/gpu": "1"})))
-    assert resp["allowed"] is False and resp["status"]["code"] == 500
-    assert "403 forbidden" in resp["status"]["message"] and "retry" in resp["status"]["message"]
+def test_without_a_template_hook_the_pod_is_patched_all_the_same() -> None:
+    """The service sets no hook: a review writes nothing (templates come from the template sync)."""
+    h = AdmissionHandler(real_mutate, None, ReviewMetrics())
+    resp = answer(h, review(pod({"nvidia.com/gpu": "1"})))
+    assert resp["allowed"] is True and resp["patchType"] == "JSONPatch"
+
+
+@pytest.mark.parametrize("namespace", ["../kube-system", "Team-A", "a/b", "x?watch=true", "n" * 64, ""])
+def test_a_review_naming_an_invalid_namespace_is_denied_naming_the_field(namespace: str) -> None:
+    ensure = Recorder()
+    calls: list[str] = []
+
+    def mutate(p: Mapping[str, Any], ns: str) -> MutationResult:
+        calls.append(ns)
+        return real_mutate(p, ns)
+
+    body = json.loads(review(pod({"nvidia.com/gpu": "1"})))
+    body["request"]["namespace"] = namespace
+    resp = answer(handler(ensure, mutate), json.dumps(body).encode())
+    assert resp["allowed"] is False and resp["status"]["code"] == 400
+    message = resp["status"]["message"]
+    if namespace:
+        assert message.startswith(f"request.namespace: {json.dumps(namespace)}"), message
+        assert "DNS-1123 label" in message
+    else:
+        assert "request.namespace" in message
+    assert calls == [] and ensure.ensured == []  # never reached the rewrite or anything behind it
 
 
 def test_an_unexpected_error_fails_closed_and_the_handler_survives() -> None:

@@ -1,5 +1,6 @@
 """The service as `flexmig controller` runs it: a follower waits for the leader's certificate and
-writes nothing; the leader creates it, patches the configuration, and both serve real reviews."""
+writes nothing; the leader creates it, patches the configuration, and both serve real reviews, which
+write nothing; the leader's template sync creates a template once a pod that names it exists."""
 
 from __future__ import annotations
 
@@ -82,13 +83,35 @@ def test_follower_waits_leader_writes_both_serve(fake_api: FakeApi) -> None:
         assert base64.b64decode(config["webhooks"][0]["clientConfig"]["caBundle"]) == ca_pem
         follower.tick()
         assert follower.serving.is_set()
+        writes_before = list(fake_api.writes())
+        patches = []
         for service in (leader, follower):
             assert service.server is not None
             response = review_pod(service.server.port, ca_pem)
             assert response["allowed"] is True and response["patchType"] == "JSONPatch"
-        # The template was created once (by whichever replica answered first), stamped by the other.
+            patches.append(json.loads(base64.b64decode(str(response["patch"]))))
+        # Reviews write nothing: the pod they describe may never exist.
+        assert fake_api.writes() == writes_before
+        assert not [p for p in fake_api.objects if "/resourceclaimtemplates/" in p]
+        # Once the patched pod exists, the leader's template sync creates its template; a follower's
+        # does nothing.
+        stored = {
+            "metadata": {"name": "p", "namespace": "team-a"},
+            "spec": {},
+            "status": {"phase": "Pending"},
+        }
+        for op in patches[0]:
+            if op["path"] == "/spec/resourceClaims":
+                stored["spec"]["resourceClaims"] = op["value"]
+        fake_api.put("/api/v1/namespaces/team-a/pods", stored)
+        for service in (leader, follower):
+            service.sync.watch_fn = lambda _rv: []
+        follower.sync.once()
+        assert not [p for p in fake_api.objects if "/resourceclaimtemplates/" in p]
+        leader.sync.once()
         templates = [p for p in fake_api.objects if "/resourceclaimtemplates/" in p]
         assert len(templates) == 1 and templates[0].startswith("/apis/resource.k8s.io/v1/namespaces/team-a/")
+        del fake_api.objects["/api/v1/namespaces/team-a/pods/p"]
         # Garbage collection is the leader's alone: with the template past its grace and no pod
         # using it, a follower's tick deletes nothing, and the leader's next collection does.
         later = time.time() + SETTINGS.template_grace_s + 60
