@@ -22,7 +22,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from api.constants import ALLOCATION_GATE
-from controller.kube.watchcache import PROJECTIONS, Event, Projection, Reflector, Store
+from controller.kube.podview import PROJECTIONS, Projection
+from controller.kube.watchcache import Event, Reflector, Store
 
 Obj = dict[str, Any]
 # The controller's 1 Gi memory limit (deployments/helm/flexmig/values.yaml) and the target of issue 21.

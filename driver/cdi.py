@@ -224,7 +224,8 @@ def _required_node(table: DeviceTable, path: str) -> DeviceNode:
     node = table.node(path)
     if node is None:  # only for numbers that come from /proc/devices
         raise ValueError(
-            f"device node {path}: no host node under {table.dev_root} and its driver is not loaded"
+            f"device node {path}: nothing at {table.local_path(path)} (host {table.host_path(path)}) and its"
+            " driver is not loaded"
         )
     return node
 
@@ -251,7 +252,8 @@ def device_nodes(
         elif table.strict:
             raise ValueError(
                 f"MIG device {dev.device_name}: nvidia-caps is not registered in /proc/devices and its"
-                f" capability nodes are missing under {table.dev_root}: a container could not use the instance"
+                f" capability nodes are missing under {table.local_dev_root or table.dev_root}: a container"
+                " could not use the instance"
             )
     return nodes
 

@@ -13,7 +13,11 @@ otherwise from the numbers the driver registers:
 
 Host paths are resolved under a dev root (where `/dev` is) and a driver root (where the driver's
 libraries and binaries are, e.g. `/run/nvidia/driver` with a containerised driver); container paths are
-the same paths without the root. Everything here reads the host and writes nothing.
+the same paths without the root. Each root has two views: the host's, written into specs (the runtime
+reads them on the host), and the plugin's own, where files are looked up. They differ when the plugin
+runs in a container that mounts the host's driver root elsewhere (the chart mounts it at
+`/driver-root`); for a plugin running on the host they are the same. Everything here reads the host
+and writes nothing.
 """
 
 from __future__ import annotations
@@ -127,18 +131,26 @@ class DeviceTable:
 
     `char_majors` is `/proc/devices` parsed; `strict` (a real GPU) makes a MIG device whose capability
     nodes cannot be described an error instead of a spec without them (the simulator has no nvidia-caps).
+    `dev_root` is the host's view (spec host paths); `local_dev_root` is where the plugin itself sees
+    that root (stat, mknod), None meaning the same path.
     """
 
     dev_root: Path = Path("/")
     char_majors: Mapping[str, int] = field(default_factory=dict)
     strict: bool = False
+    local_dev_root: Path | None = None
 
     @property
     def caps_major(self) -> int | None:
         return self.char_majors.get(CAPS_DRIVER)
 
     def host_path(self, path: str) -> Path:
+        """Where the runtime finds the node on the host: what the spec says."""
         return under(self.dev_root, path)
+
+    def local_path(self, path: str) -> Path:
+        """Where the plugin finds the same node (the two differ inside a container)."""
+        return under(self.local_dev_root or self.dev_root, path)
 
     def node(self, path: str) -> DeviceNode | None:
         """The node at `path`, or None when nothing says what it is (its driver is not loaded).
@@ -147,13 +159,14 @@ class DeviceTable:
         but is no character device is an error, since a runtime bind-mounting it would fail.
         """
         host = self.host_path(path)
+        local = self.local_path(path)
         try:
-            st = os.stat(host)
+            st = os.stat(local)
         except FileNotFoundError:
             st = None
         if st is not None:
             if not stat.S_ISCHR(st.st_mode):
-                raise ValueError(f"{host} exists but is not a character device")
+                raise ValueError(f"{local} exists but is not a character device")
             return DeviceNode(
                 path, str(host), os.major(st.st_rdev), os.minor(st.st_rdev), stat.S_IMODE(st.st_mode)
             )
@@ -241,8 +254,9 @@ def _version_key(name: str, stem: str) -> tuple[int, ...]:
 def _find_library(driver_root: Path, dirs: list[str], stem: str) -> tuple[str, list[str]] | None:
     """(container dir, [versioned file, soname link if any]) of library `stem`, first dir that has it.
 
-    The versioned file (`libcuda.so.550.54.15`) is the real one; the soname link (`libcuda.so.1`) is
-    mounted as well (a bind mount follows the link) so the library loads even without the ldcache hook.
+    `driver_root` is where the plugin sees the driver's files. The versioned file
+    (`libcuda.so.550.54.15`) is the real one; the soname link (`libcuda.so.1`) is mounted as well (a
+    bind mount follows the link) so the library loads even without the ldcache hook.
     """
     pattern = re.compile(rf"^{re.escape(stem)}\.so\.\d+(\.\d+)+$")
     for d in dirs:
@@ -259,28 +273,39 @@ def _find_library(driver_root: Path, dirs: list[str], stem: str) -> tuple[str, l
         # The soname link (libcuda.so.1; the soname is in the ELF, not derivable from the file name) is
         # whichever `<stem>.so.<N>` link in the directory points at the real file.
         link_re = re.compile(rf"^{re.escape(stem)}\.so\.\d+$")
+        # An absolute target names the file as the driver root itself sees it (`d/real`), or as the
+        # plugin does.
+        targets = (real, f"{d.rstrip('/')}/{real}", str(host_dir / real))
         for n in sorted(os.listdir(host_dir)):
-            if (
-                link_re.match(n)
-                and (host_dir / n).is_symlink()
-                and os.readlink(host_dir / n) in (real, str(host_dir / real))
-            ):
+            if link_re.match(n) and (host_dir / n).is_symlink() and os.readlink(host_dir / n) in targets:
                 found.append(n)
                 break
         return d, found
     return None
 
 
-def discover_driver_files(driver_root: Path, hook_path: str = DEFAULT_CDI_HOOK) -> DriverFiles:
-    """Find the driver's libraries and binaries under `driver_root` (like the host's ldcache would)."""
-    dirs = [*_ld_conf_dirs(driver_root), *(d for d in LIBRARY_DIRS)]
+def discover_driver_files(
+    driver_root: Path,
+    hook_path: str = DEFAULT_CDI_HOOK,
+    *,
+    local_driver_root: Path | None = None,
+    local_hook_path: str | None = None,
+) -> DriverFiles:
+    """Find the driver's libraries and binaries (like the host's ldcache would).
+
+    Files are looked up under `local_driver_root` (where the plugin sees the driver root; default
+    `driver_root`) and the hook at `local_hook_path` (default `hook_path`); what the spec carries are
+    the host paths: the same files under `driver_root`, the hook at `hook_path`.
+    """
+    local = local_driver_root or driver_root
+    dirs = [*_ld_conf_dirs(local), *(d for d in LIBRARY_DIRS)]
     dirs = list(dict.fromkeys(dirs))
     mounts: list[tuple[str, str]] = []
     lib_dirs: list[str] = []
     links: list[tuple[str, str]] = []
     missing: list[str] = []
     for stem in (*REQUIRED_LIBRARIES, *OPTIONAL_LIBRARIES):
-        found = _find_library(driver_root, dirs, stem)
+        found = _find_library(local, dirs, stem)
         if found is None:
             if stem in REQUIRED_LIBRARIES:
                 missing.append(stem)
@@ -295,22 +320,25 @@ def discover_driver_files(driver_root: Path, hook_path: str = DEFAULT_CDI_HOOK) 
         links.append((soname, f"{d.rstrip('/')}/{stem}.so"))
     for name in BINARIES:
         for d in BINARY_DIRS:
-            host = under(driver_root, f"{d}/{name}")
-            if host.is_file():
-                mounts.append((str(host), f"{d}/{name}"))
+            if under(local, f"{d}/{name}").is_file():
+                mounts.append((str(under(driver_root, f"{d}/{name}")), f"{d}/{name}"))
                 break
+    seen_at = f"driver root {driver_root}" + (f" (seen at {local})" if local != driver_root else "")
     warnings: list[str] = []
     if missing:
         warnings.append(
-            f"no {', '.join(missing)} under driver root {driver_root} (searched {', '.join(dirs)}): a CUDA"
-            " container gets no driver libraries; set --driver-root to where the driver is installed"
+            f"no {', '.join(missing)} under {seen_at} (searched {', '.join(dirs)}): a CUDA container"
+            " gets no driver libraries; set --driver-root to where the driver is installed on the host"
+            " and --container-driver-root to where this plugin sees it"
         )
+    check = hook_path if local_hook_path is None else local_hook_path
     hook: str | None = hook_path
-    if not hook_path or not os.access(hook_path, os.X_OK):
+    if not hook_path or not check or not os.access(check, os.X_OK):
         hook = None
+        at = repr(hook_path) + (f" (seen at {check!r})" if check != hook_path else "")
         warnings.append(
-            f"nvidia-cdi-hook not found at {hook_path!r}: CDI specs carry no ldcache/symlink hook, so"
+            f"nvidia-cdi-hook not found at {at}: CDI specs carry no ldcache/symlink hook, so"
             " containers rely on the mounted soname links (install the NVIDIA Container Toolkit or set"
-            " --nvidia-cdi-hook-path)"
+            " --nvidia-cdi-hook-path and --container-nvidia-cdi-hook-path)"
         )
     return DriverFiles(tuple(mounts), tuple(lib_dirs), tuple(links), hook, tuple(missing), tuple(warnings))

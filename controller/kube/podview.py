@@ -3,9 +3,9 @@
 The controller watches every pod in the cluster, but only allocates for pods that use claims or ask for
 GPUs; an ordinary pod with managedFields costs 26-48 KiB decoded, so caching every pod whole filled the
 1 Gi limit at 20,000-40,000 pods. The reflector (controller/kube/watchcache.py) therefore passes each
-listed or watched pod through `project_pod`: a pod that is not `relevant` is not kept at all (a watch
-event for it becomes a DELETED, so one that stops being relevant leaves the cache), and a relevant one is
-`strip_pod`-ed to the fields the controller reads:
+listed or watched pod through its `Projection` (`PROJECTIONS["pods"]`): a pod that is not `relevant`
+is not kept at all (a watch event for it becomes a DELETED, so one that stops being relevant leaves the
+cache), and a relevant one is `strip_pod`-ed to the fields the controller reads:
 
 - metadata: everything but managedFields and kubectl's last-applied-configuration annotation (names,
   uid, resourceVersion, deletionTimestamp, annotations such as the lifetime hint and the mirror);
@@ -20,7 +20,8 @@ stripped pod and asserts the same answers; a new read of another field must be a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from api.constants import ALLOCATION_GATE, DRIVER_NAME, RESOURCE_GPU
@@ -92,3 +93,32 @@ def strip_pod(pod: Mapping[str, Any]) -> Obj:
 def project_pod(pod: Obj) -> Obj | None:
     """The reflector's transform for pods: the stripped pod, or None for one not to keep."""
     return strip_pod(pod) if relevant(pod) else None
+
+
+@dataclass(frozen=True, slots=True)
+class Projection:
+    """What the cache keeps of one resource: only `relevant` objects, each as `strip` returns it."""
+
+    relevant: Callable[[Mapping[str, Any]], bool]
+    strip: Callable[[Mapping[str, Any]], Obj]
+
+    def event(self, kind: str, obj: Obj) -> tuple[str, Obj]:
+        """A watch event as the store must see it; an irrelevant object is deleted by identity."""
+        if self.relevant(obj):
+            return kind, self.strip(obj)
+        meta = obj.get("metadata") or {}
+        keep = ("name", "namespace", "uid", "resourceVersion")
+        return "DELETED", {"metadata": {k: meta[k] for k in keep if k in meta}}
+
+    def items(self, items: list[Obj]) -> tuple[Obj, ...]:
+        """A list's items, dropping each decoded item as soon as it is projected (lower peak)."""
+        out = []
+        for i, item in enumerate(items):
+            items[i] = {}
+            if self.relevant(item):
+                out.append(self.strip(item))
+        return tuple(out)
+
+
+# What the watch cache (controller/kube/watchcache.py) projects, by resource.
+PROJECTIONS: Mapping[str, Projection] = {"pods": Projection(relevant, strip_pod)}

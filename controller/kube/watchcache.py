@@ -39,7 +39,7 @@ from typing import Any
 import structlog
 from kubernetes.watch.watch import iter_resp_lines
 
-from controller.kube import podview
+from controller.kube.podview import PROJECTIONS, Projection
 from driver.looprunner import LoopRunner
 
 log = structlog.get_logger(__name__)
@@ -67,34 +67,6 @@ class Event:
     obj: Obj | None = None
     items: tuple[Obj, ...] = ()
     resource_version: str = ""  # REPLACE: the list's resourceVersion
-
-
-@dataclass(frozen=True, slots=True)
-class Projection:
-    """What the cache keeps of one resource: only `relevant` objects, each as `strip` returns it."""
-
-    relevant: Callable[[Mapping[str, Any]], bool]
-    strip: Callable[[Mapping[str, Any]], Obj]
-
-    def event(self, kind: str, obj: Obj) -> tuple[str, Obj]:
-        """A watch event as the store must see it; an irrelevant object is deleted by identity."""
-        if self.relevant(obj):
-            return kind, self.strip(obj)
-        meta = obj.get("metadata") or {}
-        keep = ("name", "namespace", "uid", "resourceVersion")
-        return "DELETED", {"metadata": {k: meta[k] for k in keep if k in meta}}
-
-    def items(self, items: list[Obj]) -> tuple[Obj, ...]:
-        """A list's items, dropping each decoded item as soon as it is projected (lower peak)."""
-        out = []
-        for i, item in enumerate(items):
-            items[i] = {}
-            if self.relevant(item):
-                out.append(self.strip(item))
-        return tuple(out)
-
-
-PROJECTIONS: Mapping[str, Projection] = {"pods": Projection(podview.relevant, podview.strip_pod)}
 
 
 def object_key(obj: Mapping[str, Any]) -> str:

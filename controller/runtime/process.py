@@ -186,16 +186,10 @@ class ControllerProcess:
 
     def shutdown(self) -> None:
         self.stop_event.set()
-        self.cache.stop()
-        if self.webhook is not None:
-            self.webhook.stop()
-        if self.webhook_runner is not None:
-            self.webhook_runner.join(5)
-        for runner in self.webhook_loops:
-            runner.join(5)
         if self.elector is not None:
             # Lead no more, then wait for the writes in flight: a Lease released while one can still
             # land would let the next leader decide without seeing it (controller/allocation/catchup.py).
+            # First, so that a rolling update's standby takes over while the rest shuts down.
             self.elector.resign(release=False)
             drained = self.writer.drain()
             self.elector.resign(release=drained)
@@ -203,6 +197,13 @@ class ControllerProcess:
                 log.warning("writes still in flight at shutdown; the lease is left to expire")
             self.elector.stop()
             self.elector.join(timeout=5)
+        self.cache.stop()
+        if self.webhook is not None:
+            self.webhook.stop()
+        if self.webhook_runner is not None:
+            self.webhook_runner.join(5)
+        for runner in self.webhook_loops:
+            runner.join(5)
         if self.health is not None:
             self.health.stop()
 

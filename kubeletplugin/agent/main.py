@@ -275,6 +275,9 @@ class NodeAgent:
                 cdi_hook=cfg.nvidia_cdi_hook,
                 simulated=cfg.is_simulated,
                 proc_root_is_default=cfg.proc_root == Path("/proc"),
+                container_dev_root=cfg.container_dev_root,
+                container_driver_root=cfg.container_driver_root,
+                container_cdi_hook=cfg.container_nvidia_cdi_hook,
             ),
         )
         reconcile(

@@ -56,8 +56,14 @@ def host_spec_writer(
     cdi_hook: str,
     simulated: bool,
     proc_root_is_default: bool,
+    container_dev_root: Path | None = None,
+    container_driver_root: Path | None = None,
+    container_cdi_hook: str | None = None,
 ) -> ClaimSpecWriter:
     """The writer for this node: device numbers, mig-minors and driver files read from the host.
+
+    `dev_root`, `driver_root` and `cdi_hook` are host paths, written into the specs; the `container_`
+    ones are where this process sees the same files (None: the same path, as for a host process).
 
     With the simulator, the host's own /proc describes other (real) GPUs, if any: it is only read when a
     proc root was set explicitly (a test's stand-in), so simulated instances never create nodes in the
@@ -67,7 +73,9 @@ def host_spec_writer(
     use_proc = not simulated or not proc_root_is_default
     majors = read_char_majors(proc_root) if use_proc else {}
     minors = cdi.read_mig_minors(proc_root / "driver" / "nvidia-caps" / "mig-minors") if use_proc else None
-    driver: DriverFiles = discover_driver_files(driver_root, cdi_hook)
+    driver: DriverFiles = discover_driver_files(
+        driver_root, cdi_hook, local_driver_root=container_driver_root, local_hook_path=container_cdi_hook
+    )
     for warning in driver.warnings:
         if simulated and driver.missing_required and "nvidia-cdi-hook" not in warning:
             log.info("simulated GPUs: " + warning)
@@ -75,11 +83,13 @@ def host_spec_writer(
             log.warning(warning)
     if not simulated and driver.missing_required:
         log.error("CDI specs will lack the driver libraries", missing=list(driver.missing_required))
-    table = DeviceTable(dev_root, majors, strict=not simulated)
+    table = DeviceTable(dev_root, majors, strict=not simulated, local_dev_root=container_dev_root)
     log.info(
         "CDI host layout",
         dev_root=str(dev_root),
+        container_dev_root=str(container_dev_root or dev_root),
         driver_root=str(driver_root),
+        container_driver_root=str(container_driver_root or driver_root),
         proc_root=str(proc_root) if use_proc else None,
         nvidia_caps_major=table.caps_major,
         mig_minors_table=minors is not None,

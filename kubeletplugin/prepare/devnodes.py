@@ -49,7 +49,7 @@ def ensure_caps_nodes(table: DeviceTable, minors: Iterable[int]) -> list[Path]:
         return []
     created: list[Path] = []
     for minor in sorted(set(minors)):
-        path = table.host_path(cap_path(minor))
+        path = table.local_path(cap_path(minor))  # where this process sees the host's /dev
         rdev = os.makedev(major, minor)
         if _is_node(path, rdev):
             continue

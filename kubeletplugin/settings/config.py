@@ -68,10 +68,14 @@ class PluginConfig:
     hami_core_dir: Path = Path(DEFAULT_HAMI_CORE_DIR)
     unenforced_shares: UnenforcedShares = UnenforcedShares.REFUSE
     unused_device_keys: tuple[str, ...] = ()  # device config and nodeconfig keys with no effect
+    # Host paths (written into CDI specs) and where the plugin sees them (equal for a host process).
     dev_root: Path = Path("/")
     driver_root: Path = Path("/")
     proc_root: Path = Path("/proc")
     nvidia_cdi_hook: str = "/usr/bin/nvidia-cdi-hook"
+    container_dev_root: Path = Path("/")
+    container_driver_root: Path = Path("/")
+    container_nvidia_cdi_hook: str = "/usr/bin/nvidia-cdi-hook"
 
     @property
     def is_simulated(self) -> bool:
@@ -81,6 +85,32 @@ class PluginConfig:
 def _abs_dir(flag: Flag, value: str) -> Path:
     if not value or not os.path.isabs(value):
         raise ConfigError(f"{flag.label()}: {value!r} must be an absolute path")
+    return Path(value)
+
+
+def _seen_root(flag: Flag, value: str, host_flag: Flag, host: Path) -> Path:
+    """Where the plugin sees a host root: the flag's directory, or the host path when not given.
+
+    It must exist: a root the plugin cannot read would yield CDI specs without device nodes or driver
+    files, noticed only when a CUDA container fails.
+    """
+    if not value:
+        if not host.is_dir():
+            raise ConfigError(
+                f"{host_flag.label()}: {str(host)!r} is not a directory here; allowed: the host path of an"
+                f" existing directory, or give {flag.label()} as the directory where this process sees it"
+            )
+        return host
+    if not os.path.isabs(value):
+        raise ConfigError(
+            f"{flag.label()}: {value!r} must be an absolute path (where this process sees"
+            f" {host_flag.label()}), or empty for {host_flag.label()} itself"
+        )
+    if not Path(value).is_dir():
+        raise ConfigError(
+            f"{flag.label()}: {value!r} is not a directory; allowed: an existing directory where this"
+            f" process sees {host_flag.label()} {str(host)!r} (e.g. a read-only mount of it)"
+        )
     return Path(value)
 
 
@@ -283,6 +313,18 @@ def load_config(args: argparse.Namespace, env: Mapping[str, str] | None = None) 
         by_name["node-config"], raw["node-config"], node, default_mode, split_count, device.scaling
     )
 
+    hook = str(_abs_dir(by_name["nvidia-cdi-hook-path"], raw["nvidia-cdi-hook-path"]))
+    container_hook = raw["container-nvidia-cdi-hook-path"]
+    if container_hook and not os.path.isabs(container_hook):
+        raise ConfigError(
+            f"{by_name['container-nvidia-cdi-hook-path'].label()}: {container_hook!r} must be an absolute"
+            " path (where this process sees --nvidia-cdi-hook-path), or empty for that path itself"
+        )
+    seen = {
+        n: _seen_root(by_name[f"container-{n}"], raw[f"container-{n}"], by_name[n], dirs[n])
+        for n in ("dev-root", "driver-root")
+    }
+
     kubeconfig = raw["kubeconfig"]
     if kubeconfig and not Path(kubeconfig).is_file():
         raise ConfigError(f"{by_name['kubeconfig'].label()}: {kubeconfig!r} does not exist")
@@ -310,7 +352,10 @@ def load_config(args: argparse.Namespace, env: Mapping[str, str] | None = None) 
         dev_root=dirs["dev-root"],
         driver_root=dirs["driver-root"],
         proc_root=dirs["proc-root"],
-        nvidia_cdi_hook=str(_abs_dir(by_name["nvidia-cdi-hook-path"], raw["nvidia-cdi-hook-path"])),
+        nvidia_cdi_hook=hook,
+        container_dev_root=seen["dev-root"],
+        container_driver_root=seen["driver-root"],
+        container_nvidia_cdi_hook=container_hook or hook,
     )
 
 

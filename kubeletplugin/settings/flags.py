@@ -96,15 +96,40 @@ FLAGS: tuple[Flag, ...] = (
         DEFAULT_HAMI_CORE_DIR,
         "host directory for the ld.so.preload file, per-claim HAMi-core caches and the vgpulock dir",
     ),
-    # CDI host layout (driver/cdi_host.py): where /dev, the driver's files and /proc are seen from the plugin.
-    Flag("dev-root", ("FLEXMIG_DEV_ROOT",), "/", "root under which /dev holds the GPU device nodes"),
-    Flag("driver-root", ("FLEXMIG_DRIVER_ROOT",), "/", "root of the NVIDIA driver's libraries and binaries"),
+    # CDI host layout (driver/cdi_host.py). The dev root, the driver root and the hook are host paths,
+    # written into CDI specs; each `container-` twin is where the plugin itself sees the same files
+    # (a containerised plugin mounts them elsewhere), empty meaning the host path.
+    Flag("dev-root", ("FLEXMIG_DEV_ROOT",), "/", "host root under which /dev holds the GPU device nodes"),
+    Flag(
+        "container-dev-root",
+        ("FLEXMIG_CONTAINER_DEV_ROOT",),
+        "",
+        "where the plugin sees --dev-root (device nodes are read and created there); empty = --dev-root",
+    ),
+    Flag(
+        "driver-root",
+        ("FLEXMIG_DRIVER_ROOT",),
+        "/",
+        "host root of the NVIDIA driver's libraries and binaries (the paths CDI specs mount)",
+    ),
+    Flag(
+        "container-driver-root",
+        ("FLEXMIG_CONTAINER_DRIVER_ROOT",),
+        "",
+        "where the plugin sees --driver-root (the driver's files are looked up there); empty = --driver-root",
+    ),
     Flag("proc-root", ("FLEXMIG_PROC_ROOT",), "/proc", "host /proc (devices, driver/nvidia-caps/mig-minors)"),
     Flag(
         "nvidia-cdi-hook-path",
         ("FLEXMIG_NVIDIA_CDI_HOOK_PATH",),
         "/usr/bin/nvidia-cdi-hook",
         "host path of nvidia-cdi-hook (ldcache/symlink hooks in CDI specs); left out with a warning when absent",
+    ),
+    Flag(
+        "container-nvidia-cdi-hook-path",
+        ("FLEXMIG_CONTAINER_NVIDIA_CDI_HOOK_PATH",),
+        "",
+        "where the plugin sees --nvidia-cdi-hook-path (checked for being executable); empty = that path",
     ),
     Flag(
         "reconcile-interval",

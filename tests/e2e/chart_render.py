@@ -34,7 +34,11 @@ OVERRIDES: tuple[str, ...] = (
     "--set",
     "controller.leaderElection=false",  # must be forced back on by replicas > 1
     "--set",
+    "controller.metrics.service.type=NodePort",
+    "--set",
     "controller.metrics.service.nodePort=30993",
+    "--set",
+    "kubeletPlugin.metrics.service.type=NodePort",
     "--set",
     "kubeletPlugin.metrics.service.nodePort=30992",
     "--set",

@@ -14,6 +14,7 @@ can be changed.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 import uuid
 from collections.abc import Callable
@@ -221,6 +222,22 @@ def test_a_plugin_token_changes_only_its_own_nodes_claim_status(
                     }
                 }
                 assert f"entries of driver {DRIVER}" in refusal(lambda: patch("claim-a", other), "flexmig")
+                # Its own node's pods: the HAMi mirror annotation only.
+                pod = f"/api/v1/namespaces/{namespace}/pods/plugin-{node_a}"
+                mirror = {"metadata": {"annotations": {"hami.io/vgpu-mig-allocations": "[]"}}}
+                as_plugin.request("PATCH", pod, mirror, content_type=MERGE)
+                dry = [("dryRun", "All")]
+                for change in (
+                    {"metadata": {"annotations": {"example.com/other": "x"}}},
+                    {"metadata": {"labels": {"app": "x"}}},
+                    {"spec": {"activeDeadlineSeconds": 5}},
+                ):
+                    assert "hami.io/vgpu-mig-allocations annotation" in refusal(
+                        functools.partial(
+                            as_plugin.request, "PATCH", pod, change, content_type=MERGE, query=dry
+                        ),
+                        "flexmig",
+                    )
             # What the API server holds: A's status has our entry, B's is untouched.
             held = {  # as sent, less the nulls the server fills in (conditions)
                 n: [

@@ -130,7 +130,8 @@ def test_template_defaults(helm_bin: Path, tmp_path: Path) -> None:
         f"/var/lib/kubelet/plugins/{DRIVER}",
         "/var/run/cdi",
         "/dev",
-        "/",  # the driver root, read-only, only for locating libnvidia-ml.so.1
+        "/",  # the driver root, read-only: libnvidia-ml.so.1 and the files CDI specs mount
+        "/usr/bin",  # nvidia-cdi-hook's directory, read-only: the plugin checks the hook is there
         "/usr/local/vgpu",  # HAMi-core's library; CDI specs of shared GPUs mount it from the host
     }
     assert (args.hami_core_dir, args.hami_core_library) == ("/usr/local/vgpu", "/usr/local/vgpu/libvgpu.so")
@@ -141,6 +142,14 @@ def test_template_defaults(helm_bin: Path, tmp_path: Path) -> None:
     for name in ("plugins-registry", "plugin-data", "cdi", "hami-core"):  # same path inside as on the host
         assert mounts[name]["mountPath"] == volumes[name]["hostPath"]["path"]
     assert mounts["driver-root"]["readOnly"] is True
+    # CDI specs name host paths; the plugin looks the files up where its container sees them.
+    assert (args.driver_root, args.container_driver_root) == ("/", "/driver-root")
+    assert mounts["driver-root"]["mountPath"] == "/driver-root"
+    assert (args.nvidia_cdi_hook_path, args.container_nvidia_cdi_hook_path) == (
+        "/usr/bin/nvidia-cdi-hook",
+        "/cdi-hook/nvidia-cdi-hook",
+    )
+    assert args.dev_root is None and args.proc_root is None  # the node's /dev and the kernel's /proc
     # Only the plugin is privileged; the controller runs as non-root with nothing extra.
     deploy = one(docs, "Deployment")
     ctrl = container(deploy, "controller")
@@ -167,12 +176,14 @@ def test_template_defaults(helm_bin: Path, tmp_path: Path) -> None:
     node_cm = one(docs, "ConfigMap", "-node-config")
     assert json.loads(node_cm["data"]["config.json"]) == {"nodeconfig": []}
 
-    # Metrics Services on HAMi's NodePorts; the node one stays on the node it is called on.
-    ctrl_svc = one(docs, "Service", "-controller-metrics")
-    assert ctrl_svc["spec"]["ports"][0]["nodePort"] == 31993
-    node_svc = one(docs, "Service", "-kubelet-plugin-metrics")
-    assert node_svc["spec"]["ports"][0]["nodePort"] == 31992
-    assert node_svc["spec"]["externalTrafficPolicy"] == "Local"
+    # Metrics Services in-cluster: no fixed NodePort to collide with HAMi's monitors or a second
+    # release (test_helm_chart_values.py has the NodePort variants).
+    for suffix, port in (("-controller-metrics", 31993), ("-kubelet-plugin-metrics", 31992)):
+        svc = one(docs, "Service", suffix)
+        assert svc["spec"]["type"] == "ClusterIP" and "externalTrafficPolicy" not in svc["spec"]
+        assert svc["spec"]["ports"] == [
+            {"name": "metrics", "port": port, "targetPort": "metrics", "protocol": "TCP"}
+        ]
 
     # The webhook: fails closed, never for the release namespace or kube-system.
     hook = one(docs, "MutatingWebhookConfiguration")["webhooks"][0]
@@ -198,7 +209,9 @@ def test_template_overrides(helm_bin: Path, tmp_path: Path) -> None:
     assert ctrl_args.leader_elect == "true"  # two replicas never run without leader election
     assert one(docs, "PodDisruptionBudget")["spec"]["minAvailable"] == 1
     assert one(docs, "Service", "-controller-metrics")["spec"]["ports"][0]["nodePort"] == 30993
-    assert one(docs, "Service", "-kubelet-plugin-metrics")["spec"]["ports"][0]["nodePort"] == 30992
+    node_svc = one(docs, "Service", "-kubelet-plugin-metrics")
+    assert node_svc["spec"]["ports"][0]["nodePort"] == 30992
+    assert node_svc["spec"]["externalTrafficPolicy"] == "Local"  # a node's port answers for that node
 
     # nodeconfig reaches the plugin in HAMi's JSON shape and loads with the plugin's own parser.
     raw = one(docs, "ConfigMap", "-node-config")["data"]["config.json"]

@@ -181,11 +181,17 @@ def _check_objects(raw: Raw, core: Any) -> None:
     raw.request("GET", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NAMESPACE}/roles/{CONTROLLER_SA}")
     raw.request("GET", f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{CONTROLLER_SA}")
     raw.request("GET", f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets/{PLUGIN_SA}")
-    ports = {
-        svc: core.read_namespaced_service(svc, NAMESPACE).spec.ports[0].node_port
+    services = {
+        svc: core.read_namespaced_service(svc, NAMESPACE).spec
         for svc in (f"{CONTROLLER_SA}-metrics", f"{PLUGIN_SA}-metrics")
     }
-    assert ports == {f"{CONTROLLER_SA}-metrics": 31993, f"{PLUGIN_SA}-metrics": 31992}
+    # In-cluster by default: no NodePort taken on every node.
+    assert {
+        svc: (spec.type, spec.ports[0].port, spec.ports[0].node_port) for svc, spec in services.items()
+    } == {
+        f"{CONTROLLER_SA}-metrics": ("ClusterIP", 31993, None),
+        f"{PLUGIN_SA}-metrics": ("ClusterIP", 31992, None),
+    }
     hook = raw.request(
         "GET", f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{RELEASE}.{DRIVER}"
     )

@@ -176,8 +176,9 @@ class SoakCluster:
             return None
         return rep.proc.stop(timeout_s=40)
 
-    def set_cut_rate(self, rate: float) -> None:
+    def set_cut_rate(self, rate: float, min_request_bytes: int = 0) -> None:
         for cutter in self.cutters.values():
+            cutter.min_request_bytes = min_request_bytes
             cutter.cut_rate = rate
 
     def response_cuts(self) -> int:

@@ -4,8 +4,10 @@ and then drops their responses: the API server has applied the write, the contro
 TLS passes through untouched (the controller still verifies the API server's certificate), so the
 proxy cannot read a request; it works on the exchange instead. HTTP/1.1 over one connection alternates
 request and response: when the client has sent and the server's first bytes come back, the proxy, with
-probability `cut_rate`, closes both sides instead of forwarding them. Writes, reads and watches are all
-hit; only a write turns into the fault that matters (its outcome unknown), the others into retries.
+probability `cut_rate`, closes both sides instead of forwarding them. Only exchanges whose request
+was at least `min_request_bytes` long are cut: with the bearer token every request is over 1 KiB, and
+a claim written whole (its spec, finalizer, allocation) is the largest, so a threshold aims the cuts at
+the writes that matter (their outcome unknown) instead of the watches and reads (retried anyway).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ class ResponseCutter:
     def __init__(self, upstream_port: int, seed: int = 0) -> None:
         self.upstream_port = upstream_port
         self.cut_rate = 0.0
+        self.min_request_bytes = 0
         self.cuts = 0
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
@@ -48,27 +51,27 @@ class ResponseCutter:
             except OSError:  # the API server is down (a fault of its own): refuse like it would
                 client.close()
                 continue
-            state = {"sent": False}
+            state = {"sent": 0}
             threading.Thread(target=self._up, args=(client, upstream, state), daemon=True).start()
             threading.Thread(target=self._down, args=(client, upstream, state), daemon=True).start()
 
-    def _up(self, client: socket.socket, upstream: socket.socket, state: dict[str, bool]) -> None:
-        """Client -> server; marks that a request (or part of one) went out."""
+    def _up(self, client: socket.socket, upstream: socket.socket, state: dict[str, int]) -> None:
+        """Client -> server; counts the bytes of the request going out."""
         try:
             while data := client.recv(65536):
-                state["sent"] = True
+                state["sent"] += len(data)
                 upstream.sendall(data)
         except OSError:
             pass
         _close(client, upstream)
 
-    def _down(self, client: socket.socket, upstream: socket.socket, state: dict[str, bool]) -> None:
+    def _down(self, client: socket.socket, upstream: socket.socket, state: dict[str, int]) -> None:
         """Server -> client; the first bytes answering a request may be dropped with the connection."""
         try:
             while data := upstream.recv(65536):
                 if state["sent"]:
-                    state["sent"] = False
-                    if self._cut_now():
+                    sent, state["sent"] = state["sent"], 0
+                    if sent >= self.min_request_bytes and self._cut_now():
                         break
                 client.sendall(data)
         except OSError:

@@ -13,7 +13,7 @@
 | plugin-crash-mid-unprepare | armed at `mid-destroy`, a running MIG pod deleted, SIGKILLed there |
 | kubelet-restart | a node's kubelet stand-in restarted (it wipes the slices and re-registers the plugin) |
 | webhook-unreachable | the webhook's address refuses connections for `down_s`; pods created then must be refused |
-| lost-responses, rolling-update | at the controller's boundaries: faults_boundary.py |
+| lost-responses, rolling-update, webhook-flood, hostile-specs | at the boundaries: faults_boundary.py |
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from controller.kube.rest import request
 from tests.e2e.scenario import SimNode
 
 from .cluster import SoakCluster, wait_for
-from .faults_boundary import lost_responses, rolling_update
+from .faults_boundary import hostile_specs, lost_responses, rolling_update, webhook_flood
 from .workload import Churn, PodKind
 
 
@@ -45,6 +45,8 @@ class Fault(enum.StrEnum):
     WEBHOOK_UNREACHABLE = "webhook-unreachable"
     LOST_RESPONSES = "lost-responses"
     ROLLING_UPDATE = "rolling-update"
+    WEBHOOK_FLOOD = "webhook-flood"
+    HOSTILE_SPECS = "hostile-specs"
 
 
 @dataclass(frozen=True)
@@ -246,4 +248,6 @@ _FAULTS: dict[Fault, Callable[[FaultContext], tuple[bool, str]]] = {
     Fault.WEBHOOK_UNREACHABLE: _webhook_unreachable,
     Fault.LOST_RESPONSES: lost_responses,
     Fault.ROLLING_UPDATE: rolling_update,
+    Fault.WEBHOOK_FLOOD: webhook_flood,
+    Fault.HOSTILE_SPECS: hostile_specs,
 }

@@ -95,8 +95,15 @@ def test_defaults_load_with_the_components_parsers(values: dict[str, Any]) -> No
     parse_allowlist(allowlist)
     assert parse_device_plugin_config({"nodeconfig": values["nodeConfig"]["nodeconfig"]}) == {}
     OperatingMode(values["nodeConfig"]["defaultOperatingMode"])
-    assert values["controller"]["metrics"]["service"]["nodePort"] == 31993
-    assert values["kubeletPlugin"]["metrics"]["service"]["nodePort"] == 31992
+    # No fixed NodePort by default: it would collide with HAMi's monitors (31992/31993) and with a
+    # second release; the ports themselves stay HAMi's.
+    for component, port in (("controller", 31993), ("kubeletPlugin", 31992)):
+        metrics = values[component]["metrics"]
+        assert (metrics["port"], metrics["service"]["type"], metrics["service"]["nodePort"]) == (
+            port,
+            "ClusterIP",
+            None,
+        )
 
 
 def test_every_schema_property_has_a_description(schema: dict[str, Any]) -> None:

@@ -5,6 +5,9 @@ uncompressed layer (busybox and its applet links, plus the mount-point directori
 and the image name in the index's `io.containerd.image.name` annotation, which is what
 `ctr images import` names the image after. The sandbox ("pause") image is the same layer with an
 entrypoint that sleeps until it is told to stop.
+
+flexmig's own image is not written here: `product_image()` builds it with the recipe users run,
+deployments/image/build.sh, once per session (cached across sessions by the hash of its inputs).
 """
 
 from __future__ import annotations
@@ -12,8 +15,11 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
+import subprocess
 import tarfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 TEST_IMAGE = "flexmig.test/busybox:e2e"
@@ -85,3 +91,73 @@ def write_image_tar(busybox: Path, name: str, out: Path, entrypoint: Sequence[st
         for item in ("oci-layout", "index.json", "blobs"):
             tar.add(stage / item, arcname=item)
     return out
+
+
+# --- flexmig's own image ---------------------------------------------------------------------------
+
+IMAGE_BUILD_SCRIPT = Path(__file__).resolve().parents[3] / "deployments" / "image" / "build.sh"
+
+# The first build's outcome in this process (the image or the error): a failed build is not retried
+# by every test that wants the image.
+_product: dict[str, ProductImage | str] = {}
+
+
+class ImageBuildError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class ProductImage:
+    tar: Path
+    """An OCI image layout tar (`ctr -n k8s.io images import` it)."""
+    name: str
+    """Its name, the chart's default `image.repository:appVersion`."""
+
+
+def image_name(tar: Path) -> str:
+    """The name `ctr images import` gives the image in `tar`: the index's io.containerd.image.name."""
+    with tarfile.open(tar) as t:
+        member = t.extractfile("index.json")
+        assert member is not None, f"{tar}: index.json is not a file"
+        index = json.load(member)
+    [manifest] = index["manifests"]
+    return str(manifest["annotations"]["io.containerd.image.name"])
+
+
+def product_image(timeout_s: float = 1800) -> ProductImage:
+    """flexmig's image, built by deployments/image/build.sh (instant when its cache holds the inputs'
+    image; a cold build takes minutes). `FLEXMIG_IMAGE_TAR` may name a prebuilt tar instead.
+
+    Raises ImageBuildError with the build's error, the same error on every later call.
+    """
+    found = _product.get("image")
+    if isinstance(found, ProductImage):
+        return found
+    if "error" in _product:
+        raise ImageBuildError(str(_product["error"]))
+    try:
+        override = os.environ.get("FLEXMIG_IMAGE_TAR")
+        if override:
+            tar = Path(override)
+        else:
+            proc = subprocess.run(
+                ["bash", str(IMAGE_BUILD_SCRIPT), "--cache-only"],
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                check=False,
+            )
+            if proc.returncode != 0:
+                raise ImageBuildError(
+                    f"{IMAGE_BUILD_SCRIPT} failed with exit code {proc.returncode}:\n{proc.stderr[-6000:]}"
+                )
+            lines = [line for line in proc.stdout.splitlines() if line.strip()]
+            if not lines:
+                raise ImageBuildError(f"{IMAGE_BUILD_SCRIPT} printed no path")
+            tar = Path(lines[-1].strip())
+        image = ProductImage(tar, image_name(tar))
+    except (ImageBuildError, OSError, KeyError, ValueError, subprocess.SubprocessError) as exc:
+        _product["error"] = str(exc)
+        raise ImageBuildError(str(exc)) from exc
+    _product["image"] = image
+    return image

@@ -226,3 +226,33 @@ def test_n14_a_bad_shim_device_config_default_is_refused(doc: dict[str, object],
     with pytest.raises(ShimConfigError) as err:
         parse_shim_defaults(doc)
     assert fragment in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("flags", "fragments"),
+    [
+        (
+            {"container-driver-root": "/nonexistent/driver-root"},
+            ("--container-driver-root (env FLEXMIG_CONTAINER_DRIVER_ROOT): '/nonexistent/driver-root' is"
+             " not a directory; allowed: an existing directory where this process sees --driver-root",),
+        ),
+        (
+            {"container-dev-root": "dev-root"},
+            ("--container-dev-root (env FLEXMIG_CONTAINER_DEV_ROOT): 'dev-root' must be an absolute path",),
+        ),
+        (
+            {"driver-root": "/nonexistent/driver"},
+            ("--driver-root (env FLEXMIG_DRIVER_ROOT): '/nonexistent/driver' is not a directory here",
+             "--container-driver-root"),
+        ),
+        (
+            {"container-nvidia-cdi-hook-path": "nvidia-cdi-hook"},
+            ("--container-nvidia-cdi-hook-path", "must be an absolute path"),
+        ),
+    ],
+    ids=["container-driver-root-missing", "container-dev-root-relative", "driver-root-missing", "hook-relative"],
+)  # fmt: skip
+def test_n15_a_bad_host_or_container_root_is_refused(
+    node: Node, flags: dict[str, str], fragments: tuple[str, ...]
+) -> None:
+    node.refused(*fragments, **{k.replace("-", "_"): v for k, v in flags.items()})

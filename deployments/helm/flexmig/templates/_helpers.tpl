@@ -131,3 +131,11 @@ webhook's matchConditions: a custom name under another prefix must still send th
 {{- default (include "flexmig.pluginName" .) .Values.kubeletPlugin.serviceAccount.name -}}
 {{- end -}}
 {{- define "flexmig.testName" -}}{{ include "flexmig.fullname" . }}-test{{- end -}}
+
+{{/* A metrics Service's nodePort is only for type NodePort: given with ClusterIP it would be silently
+unused. Arguments: dict "where" (the values path), "service". */}}
+{{- define "flexmig.metricsServiceCheck" -}}
+{{- if and .service.nodePort (ne .service.type "NodePort") -}}
+{{- fail (printf "%s.metrics.service.nodePort is %v but %s.metrics.service.type is %s; set type NodePort to use it, or leave nodePort null" .where .service.nodePort .where .service.type) -}}
+{{- end -}}
+{{- end -}}

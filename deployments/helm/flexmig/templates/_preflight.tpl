@@ -2,28 +2,72 @@
 The preflight check of templates/preflight.yaml: on which nodes another manager of NVIDIA GPUs
 (NVIDIA's device plugin, the GPU Operator's MIG manager, HAMi's device plugin) runs next to
 flexmig's kubelet plugin. Node selection is judged the way the scheduler judges it: a nodeSelector
-must be a subset of the node's labels, and of the required node affinity's terms (ORed) one must
-match with all its requirements (ANDed). What cannot be judged here (the operators Gt and Lt, field
-requirements other than metadata.name, taints and tolerations) counts as a match: the check would
-rather refuse than miss a shared node. Every template that answers a question writes "true" or
-nothing.
+must be a subset of the node's labels, of the required node affinity's terms (ORed) one must
+match with all its requirements (ANDed), and every NoSchedule/NoExecute taint of the node must be
+tolerated (the pod's tolerations plus those the DaemonSet controller adds). The node.kubernetes.io/*
+taints the node lifecycle controller sets for a passing condition (not-ready, unreachable, ...) do
+not count: they say what the node is now, not where the DaemonSet runs once it is healthy. What
+cannot be judged here (the operators Gt and Lt, field requirements other than metadata.name) counts
+as a match: the check would rather refuse than miss a shared node. Every template that answers a
+question writes "true" or nothing.
 */}}
 
-{{- /* The kubelet plugin's node affinity when kubeletPlugin.affinity is empty: NVIDIA GPU nodes as
-labelled by Node Feature Discovery (PCI vendor 10de) or the GPU Operator. kubeletplugin.yaml renders
-it and the preflight check evaluates it, so the two cannot drift apart. */}}
+{{- /* The kubelet plugin's node affinity when kubeletPlugin.affinity is empty: a node with any one
+of kubeletPlugin.gpuNodeLabels (by default Node Feature Discovery's PCI vendor 10de label or the GPU
+Operator's), one ORed term per label; nothing when the list is empty (every node). kubeletplugin.yaml
+renders it and the preflight check evaluates it, so the two cannot drift apart. */}}
 {{- define "flexmig.pluginDefaultAffinity" -}}
+{{- with .Values.kubeletPlugin.gpuNodeLabels }}
 nodeAffinity:
   requiredDuringSchedulingIgnoredDuringExecution:
     nodeSelectorTerms:
+      {{- range . }}
       - matchExpressions:
-          - key: feature.node.kubernetes.io/pci-10de.present
+          - key: {{ .key | quote }}
             operator: In
-            values: ["true"]
-      - matchExpressions:
-          - key: nvidia.com/gpu.present
-            operator: In
-            values: ["true"]
+            values: [{{ .value | toString | quote }}]
+      {{- end }}
+{{- end }}
+{{- end -}}
+
+{{- /* The tolerations the DaemonSet controller adds to every daemon pod (and considers when it
+decides which nodes should run one); network-unavailable only for host-network pods. Argument: the
+pod spec's hostNetwork. Output: a JSON list. */}}
+{{- define "flexmig.daemonSetAddedTolerations" -}}
+{{- $out := list (dict "key" "node.kubernetes.io/not-ready" "operator" "Exists" "effect" "NoExecute") (dict "key" "node.kubernetes.io/unreachable" "operator" "Exists" "effect" "NoExecute") -}}
+{{- range list "disk-pressure" "memory-pressure" "pid-pressure" "unschedulable" -}}
+{{- $out = append $out (dict "key" (printf "node.kubernetes.io/%s" .) "operator" "Exists" "effect" "NoSchedule") -}}
+{{- end -}}
+{{- if . -}}
+{{- $out = append $out (dict "key" "node.kubernetes.io/network-unavailable" "operator" "Exists" "effect" "NoSchedule") -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}
+
+{{- /* The node's taints that keep a pod off it are all tolerated, as the scheduler's TaintToleration
+filter judges it: a toleration matches a taint when its effect is empty or the taint's, its key is
+empty (with Exists) or the taint's, and its operator is Exists or its value equals the taint's.
+Condition taints (node.kubernetes.io/*) are skipped, see the top. Arguments: dict "node",
+"tolerations" (a list). */}}
+{{- define "flexmig.preflight.tolerated" -}}
+{{- $ok := true -}}
+{{- range $taint := (.node.spec | default dict).taints | default list -}}
+{{- $effect := toString $taint.effect -}}
+{{- if and (has $effect (list "NoSchedule" "NoExecute")) (not (hasPrefix "node.kubernetes.io/" (toString $taint.key))) -}}
+{{- $matched := false -}}
+{{- range $t := $.tolerations -}}
+{{- $tEffect := toString ($t.effect | default "") -}}
+{{- $tKey := toString ($t.key | default "") -}}
+{{- $op := toString ($t.operator | default "Equal") -}}
+{{- $effectOk := or (eq $tEffect "") (eq $tEffect $effect) -}}
+{{- $keyOk := or (and (eq $tKey "") (eq $op "Exists")) (eq $tKey (toString $taint.key)) -}}
+{{- $valueOk := or (eq $op "Exists") (eq (toString ($t.value | default "")) (toString ($taint.value | default ""))) -}}
+{{- if and $effectOk $keyOk $valueOk }}{{ $matched = true }}{{ end -}}
+{{- end -}}
+{{- if not $matched }}{{ $ok = false }}{{ end -}}
+{{- end -}}
+{{- end -}}
+{{- if $ok }}true{{ end -}}
 {{- end -}}
 
 {{- /* Which other GPU manager a DaemonSet is (its display name), or nothing. Argument: the DaemonSet. */}}
@@ -94,7 +138,8 @@ Kubernetes). Arguments: dict "labels", "name", "term". */}}
 
 {{- /* A pod spec's node selection selects a node. Arguments: dict "node" (a Node object),
 "nodeSelector" (a map or nothing), "affinity" (a pod affinity or nothing; only the required node
-affinity restricts nodes). */}}
+affinity restricts nodes), "tolerations" (a list: the pod's and those the DaemonSet controller
+adds). */}}
 {{- define "flexmig.preflight.selects" -}}
 {{- $labels := .node.metadata.labels | default dict -}}
 {{- $name := .node.metadata.name -}}
@@ -110,6 +155,7 @@ affinity restricts nodes). */}}
 {{- end -}}
 {{- $ok = $any -}}
 {{- end -}}
+{{- if and $ok (ne (include "flexmig.preflight.tolerated" (dict "node" .node "tolerations" (.tolerations | default list))) "true") }}{{ $ok = false }}{{ end -}}
 {{- if $ok }}true{{ end -}}
 {{- end -}}
 
@@ -152,8 +198,9 @@ the nodes of a large cluster. */ -}}
 {{- end -}}
 {{- if and (not $owned) (ne (include "flexmig.preflight.wantsNoNode" .ds) "true") -}}
 {{- $podSpec := .ds.spec.template.spec -}}
+{{- $tolerations := concat ($podSpec.tolerations | default list) (include "flexmig.daemonSetAddedTolerations" ($podSpec.hostNetwork | default false) | fromJsonArray) -}}
 {{- range $node := .nodes -}}
-{{- if eq (include "flexmig.preflight.selects" (dict "node" $node "nodeSelector" $podSpec.nodeSelector "affinity" $podSpec.affinity)) "true" -}}
+{{- if eq (include "flexmig.preflight.selects" (dict "node" $node "nodeSelector" $podSpec.nodeSelector "affinity" $podSpec.affinity "tolerations" $tolerations)) "true" -}}
 {{- $_ := set $names $node.metadata.name true -}}
 {{- end -}}
 {{- end -}}
@@ -178,9 +225,10 @@ DaemonSet and node. Arguments: dict "plugin" (Values.kubeletPlugin), "defaultAff
 "daemonSets" (the other managers' only), "pods" (namespace -> its pods), "nodes". */}}
 {{- define "flexmig.preflight.judge" -}}
 {{- $affinity := .plugin.affinity | default .defaultAffinity -}}
+{{- $tolerations := concat (.plugin.tolerations | default list) (.plugin.extraTolerations | default list) (include "flexmig.daemonSetAddedTolerations" .plugin.hostNetwork | fromJsonArray) -}}
 {{- $pluginNodes := dict -}}
 {{- range $node := .nodes -}}
-{{- if eq (include "flexmig.preflight.selects" (dict "node" $node "nodeSelector" $.plugin.nodeSelector "affinity" $affinity)) "true" -}}
+{{- if eq (include "flexmig.preflight.selects" (dict "node" $node "nodeSelector" $.plugin.nodeSelector "affinity" $affinity "tolerations" $tolerations)) "true" -}}
 {{- $_ := set $pluginNodes $node.metadata.name true -}}
 {{- end -}}
 {{- end -}}
@@ -221,7 +269,7 @@ preflight.allowCoexistence or without the plugin. Nodes and the namespaces' pods
 {{- if not (hasKey $pods $ns) }}{{ $_ := set $pods $ns ((lookup "v1" "Pod" $ns "").items | default list) }}{{ end -}}
 {{- end -}}
 {{- $nodes := (lookup "v1" "Node" "" "").items | default list -}}
-{{- $defaultAffinity := include "flexmig.pluginDefaultAffinity" . | fromYaml -}}
+{{- $defaultAffinity := include "flexmig.pluginDefaultAffinity" . | fromYaml | default dict -}}
 {{- include "flexmig.preflight.judge" (dict "plugin" .Values.kubeletPlugin "defaultAffinity" $defaultAffinity "daemonSets" $foreign "pods" $pods "nodes" $nodes) -}}
 {{- end -}}
 {{- end -}}
