@@ -164,6 +164,9 @@ mmdebstrap --quiet --mode=root --variant=essential --include="$includes" \
   --customize-hook='chroot "$1" dpkg-query -W -f "\${Package} \${Version} \${Architecture}\n" > "$1/usr/lib/flexmig-image/packages.txt"' \
   "$SUITE" "$work/rootfs" "$DEBIAN_MIRROR" >&2
 cp "$work/rootfs/usr/lib/flexmig-image/packages.txt" "$work/packages.txt"
+# apt is not in the image; its directories are mmdebstrap's leftovers, owned by _apt or root depending
+# on whether the packages came from the cache.
+rm -rf "$work/rootfs/var/cache/apt" "$work/rootfs/var/lib/apt"
 # What the build wrote (venv, dpkg's database, /etc) gets a fixed time, after mmdebstrap's own cleanup.
 find "$work/rootfs" -xdev -newermt "@$SOURCE_DATE_EPOCH" -exec touch --no-dereference --date="@$SOURCE_DATE_EPOCH" {} +
 log "root filesystem: $(du -sh "$work/rootfs" | cut -f1) in $((SECONDS - t))s"

@@ -23,8 +23,9 @@ grep -q '^flexmig:' /etc/passwd \
 # Bytecode for the venv and the standard library, checked against nothing at import time
 # (unchecked-hash): the image is immutable and its root filesystem read-only (PYTHONDONTWRITEBYTECODE),
 # and file times may be clamped to SOURCE_DATE_EPOCH, which would make timestamp-based .pyc stale and
-# every start recompile in memory.
-python3 -m compileall -q -j 0 --invalidation-mode unchecked-hash \
+# every start recompile in memory. -f: a .pyc already there (Debian's, or one written while installing)
+# is replaced too.
+python3 -m compileall -q -f -j 0 --invalidation-mode unchecked-hash \
   /usr/lib/python3.11 /usr/lib/python3/dist-packages /opt/flexmig/lib >/dev/null
 
 # The hook's PATH is the builder's, not the image's.

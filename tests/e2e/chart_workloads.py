@@ -135,8 +135,21 @@ class ChartNodeDir(NodeDir):
             "metrics-port": self.metrics_port,
             "log-format": "json",
         }
-        overrides = [f"--{k}={v}" for k, v in local.items()]
+        overrides = [f"--{k}={v}" for k, v in local.items()] + self._host_views()
         return [sys.executable, "-m", "flexmig.cli", *self.chart_args, *overrides, *extra]
+
+    def _host_views(self) -> list[str]:
+        """A plugin run as a host process sees host paths where the container sees its mounts: each
+        container- twin flag the DaemonSet passes is pointed back at the host path it stands for."""
+        given = dict(a.removeprefix("--").split("=", 1) for a in self.chart_args if "=" in a)
+        out = [
+            f"--container-{flag}={given[flag]}"
+            for flag in ("driver-root", "dev-root", "nvidia-cdi-hook-path")
+            if f"container-{flag}" in given and flag in given
+        ]
+        if "proc-root" in given:
+            out.append("--proc-root=/proc")
+        return out
 
 
 class ControllerProcess:

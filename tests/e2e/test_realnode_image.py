@@ -45,7 +45,12 @@ NON_ROOT = {
 IMPORTS = (
     "import grpc, numpy, highspy, kubernetes, cryptography, yaml, cel, pynvml, prometheus_client; "
     "import flexmig.cli, controller, kubeletplugin, driver, api.gen.dra_v1.api_pb2; "
-    "import sys; print('IMPORTS-OK', sys.flags.dont_write_bytecode, sys.version.split()[0])"
+    "import sys; print('IMPORTS-OK', sys.flags.dont_write_bytecode, sys.version.split()[0]); "
+    # The .pyc flags (PEP 552) of our code and of the standard library: 1, hash-based and unchecked,
+    # so nothing is recompiled at start whatever the file times.
+    "import importlib.util, os; "
+    "print('PYC', *(open(importlib.util.cache_from_source(m.__file__), 'rb').read(8)[4] "
+    "for m in (flexmig.cli, os, grpc)))"
 )
 # What the chart's init container runs (/bin/sh, ln), the user, and a write to the root filesystem.
 SHELL_PROBE = (
@@ -152,6 +157,7 @@ def test_image_runs_non_root_on_a_read_only_root_filesystem(
         assert "gpu.flexmig.dev" in logs["version"]
         # The bytecode is built in; the interpreter is the image's Debian python3.
         assert "IMPORTS-OK 1 3.11." in logs["imports"], logs
+        assert "PYC 1 1 1" in logs["imports"], logs
         assert "UID=65532 GID=65532" in logs["shell"], logs
         assert "ROOTFS=read-only" in logs["shell"] and "LN-OK" in logs["shell"], logs
     finally:

@@ -97,10 +97,6 @@ def write_image_tar(busybox: Path, name: str, out: Path, entrypoint: Sequence[st
 
 IMAGE_BUILD_SCRIPT = Path(__file__).resolve().parents[3] / "deployments" / "image" / "build.sh"
 
-# The first build's outcome in this process (the image or the error): a failed build is not retried
-# by every test that wants the image.
-_product: dict[str, ProductImage | str] = {}
-
 
 class ImageBuildError(RuntimeError):
     pass
@@ -112,6 +108,11 @@ class ProductImage:
     """An OCI image layout tar (`ctr -n k8s.io images import` it)."""
     name: str
     """Its name, the chart's default `image.repository:appVersion`."""
+
+
+# The first build's outcome in this process (the image or the error): a failed build is not retried
+# by every test that wants the image.
+_product: dict[str, ProductImage | str] = {}
 
 
 def image_name(tar: Path) -> str:

@@ -145,6 +145,9 @@ class RealNode:
         self.root = root
         self.cdi_dir = cdi_dir
         self.labels = dict(labels)
+        # Loopback leaves the Node without addresses (kubelet refuses it), so host-network pods get no
+        # pod IP; realnode/chart.py sets the machine's address for the chart's probed pods.
+        self.node_ip = "127.0.0.1"
         self.ctrd_root = root / "c"
         self.kubelet_root = root / "k"
         self.sock = self.ctrd_root / "containerd.sock"
@@ -266,7 +269,7 @@ class RealNode:
             f"--root-dir={self.kubelet_root}",
             f"--cert-dir={self.kubelet_root / 'pki'}",
             f"--hostname-override={self.name}",
-            "--node-ip=127.0.0.1",
+            f"--node-ip={self.node_ip}",
             *([f"--node-labels={labels}"] if labels else []),
             "--v=3",
         ]
