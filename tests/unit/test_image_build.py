@@ -95,6 +95,9 @@ def test_dockerfile_does_what_build_sh_does() -> None:
     assert "apt-get install -y --no-install-recommends $(sed -e 's/#.*//' /tmp/packages.txt)" in runs
     assert "source=deployments/image/install.sh" in runs and "sh /tmp/install.sh /wheels" in runs
     assert "PIP_CONSTRAINT=/src/deployments/constraints.txt" in text
+    assert 'PIP_CONSTRAINT="$repo/deployments/constraints.txt"' in BUILD_SH.read_text()
+    # Both install from the wheels only, through install.sh.
+    assert "--no-index" in (REPO / "deployments/image/install.sh").read_text()
     ignore = (REPO / ".dockerignore").read_text().splitlines()
     for path in (
         "deployments/constraints.txt",

@@ -170,10 +170,10 @@ class ChartNodeScenario(Scenario):
 
     def set_mode(self, mode: str) -> None:
         """`helm upgrade` to another operating mode: the DaemonSet's config checksum restarts the plugin."""
-        old = self.plugin_pod_now()["metadata"]["uid"]
+        old = self.pod_now()["metadata"]["uid"]
         self._helm("upgrade", mode=mode)
         wait_until(
-            lambda: self.plugin_pod_now()["metadata"]["uid"] not in ("", old),
+            lambda: self.pod_now()["metadata"]["uid"] not in ("", old),
             90,
             "the plugin DaemonSet to replace its pod",
         )
@@ -206,6 +206,7 @@ class ChartNodeScenario(Scenario):
         self.install()
         self.wait_plugin()
         self.wait_webhook(timeout_s=120)
+        self.wait_ready("controller")
         return self
 
     def chart_pods(self, component: str) -> list[dict[str, Any]]:
@@ -215,20 +216,26 @@ class ChartNodeScenario(Scenario):
         )["items"]
         return items
 
-    def plugin_pod_now(self) -> dict[str, Any]:
-        pods = [p for p in self.chart_pods("kubelet-plugin") if not p["metadata"].get("deletionTimestamp")]
+    def pod_now(self, component: str = "kubelet-plugin") -> dict[str, Any]:
+        """The chart's current (not terminating) pod of `component`; uid "" when there is none."""
+        pods = [p for p in self.chart_pods(component) if not p["metadata"].get("deletionTimestamp")]
         assert len(pods) <= 1, [p["metadata"]["name"] for p in pods]
         return pods[0] if pods else {"metadata": {"uid": ""}}
 
-    def wait_plugin(self, timeout_s: float = 150.0) -> dict[str, Any]:
-        """Until the DaemonSet's pod is Ready (its /healthz) and its slices are published."""
+    def wait_ready(self, component: str, timeout_s: float = 150.0) -> None:
+        """Until the kubelet's probes pass: the plugin's /healthz, the controller's webhook port."""
 
         def ready() -> bool:
-            pod = self.plugin_pod_now()
-            conds = {c["type"]: c["status"] for c in (pod.get("status") or {}).get("conditions") or ()}
-            return conds.get("Ready") == "True"
+            status = self.pod_now(component).get("status") or {}
+            return {"type": "Ready", "status": "True"} in [
+                {"type": c["type"], "status": c["status"]} for c in status.get("conditions") or ()
+            ]
 
-        wait_until(ready, timeout_s, f"the plugin pod on {self.node_name} to be Ready ({self.explain()})")
+        wait_until(ready, timeout_s, f"the chart's {component} pod to be Ready")
+
+    def wait_plugin(self, timeout_s: float = 150.0) -> None:
+        """Until the DaemonSet's pod is Ready and its slices are published."""
+        self.wait_ready("kubelet-plugin", timeout_s)
         query = [("fieldSelector", f"spec.nodeName={self.node_name}")]
         wait_until(
             lambda: bool(
@@ -237,7 +244,6 @@ class ChartNodeScenario(Scenario):
             60,
             "the plugin's ResourceSlices",
         )
-        return self.plugin_pod_now()
 
     def explain(self) -> str:
         """The chart's pods and what their containers wait for (for timeouts)."""
