@@ -135,19 +135,27 @@ class ChartNodeDir(NodeDir):
             "metrics-port": self.metrics_port,
             "log-format": "json",
         }
-        overrides = [f"--{k}={v}" for k, v in local.items()] + self._host_views()
-        return [sys.executable, "-m", "flexmig.cli", *self.chart_args, *overrides, *extra]
+        overrides = [f"--{k}={v}" for k, v in local.items()]
+        args = [*self.chart_args, *overrides, *extra]
+        return [sys.executable, "-m", "flexmig.cli", *args, *self._host_views(args)]
 
-    def _host_views(self) -> list[str]:
+    @staticmethod
+    def _host_views(args: Sequence[str]) -> list[str]:
         """A plugin run as a host process sees host paths where the container sees its mounts: each
-        container- twin flag the DaemonSet passes is pointed back at the host path it stands for."""
-        given = dict(a.removeprefix("--").split("=", 1) for a in self.chart_args if "=" in a)
+        path the DaemonSet gives as the container's view of a mount (/driver-root, /dev-root, /cdi-hook,
+        /proc-root) is pointed back at the host path it stands for (the last value given, as argparse
+        takes it, so a test's own --driver-root wins)."""
+        given = dict(a.removeprefix("--").split("=", 1) for a in args if a.startswith("--") and "=" in a)
         out = [
             f"--container-{flag}={given[flag]}"
-            for flag in ("driver-root", "dev-root", "nvidia-cdi-hook-path")
-            if f"container-{flag}" in given and flag in given
+            for flag, mount in (
+                ("driver-root", "/driver-root"),
+                ("dev-root", "/dev-root"),
+                ("nvidia-cdi-hook-path", "/cdi-hook/"),
+            )
+            if given.get(f"container-{flag}", "").startswith(mount) and flag in given
         ]
-        if "proc-root" in given:
+        if given.get("proc-root") == "/proc-root":
             out.append("--proc-root=/proc")
         return out
 

@@ -85,6 +85,7 @@ class ChartNodeScenario(Scenario):
         self.real.node_ip = host_ip()
         self.ports = {"plugin": free_port(), "controller": free_port(), "webhook": self.webhook_port}
         self.sim_dir = self.root / "sim"
+        self.image_tag = ""  # `image.tag` ("" is the chart's appVersion, the imported image's tag)
 
     # --- the node's stand-ins -----------------------------------------------------------------------
 
@@ -129,10 +130,23 @@ class ChartNodeScenario(Scenario):
             {"name": "KUBERNETES_SERVICE_PORT", "value": str(self.cp.apiserver_port)},
         ]
         return {
+            "image": {"tag": self.image_tag},
             "nodeConfig": {"nodeconfig": [{"name": self.node_name, "operatingmode": mode}]},
             "webhook": {"url": self.webhook_url, "port": self.ports["webhook"]},
+            # `helm test`'s pod: the same node, network and API server address as the chart's pods.
+            "tests": {
+                "hostNetwork": True,
+                "nodeSelector": {"kubernetes.io/hostname": self.node_name},
+                "tolerations": TOLERATE_ALL,
+                "extraEnv": api_env,
+            },
             "controller": {
                 "hostNetwork": True,
+                # Host ports on one node: a surge pod could never be scheduled beside the old one.
+                "updateStrategy": {
+                    "type": "RollingUpdate",
+                    "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+                },
                 "metrics": {"port": self.ports["controller"]},
                 "nodeSelector": {"kubernetes.io/hostname": self.node_name},
                 "tolerations": TOLERATE_ALL,  # the node stays NotReady: no pod network
@@ -178,6 +192,10 @@ class ChartNodeScenario(Scenario):
             "the plugin DaemonSet to replace its pod",
         )
         self.wait_plugin()
+
+    def upgrade(self) -> None:
+        """`helm upgrade` with the current values (e.g. after changing `image_tag`); does not wait."""
+        self._helm("upgrade")
 
     def _helm(self, verb: str, *flags: str, mode: str | None = None) -> None:
         values = self.workdir / f"values-{verb}.yaml"
