@@ -88,6 +88,36 @@ def nvidia_section(doc: Mapping[str, Any], where: str = "device config") -> Mapp
     return section
 
 
+def other_version_hint(section: Mapping[str, Any]) -> str | None:
+    """Why `nvidia:` looks like a device config of another HAMi version (v2.9's `knownMigGeometries`
+    whole-GPU templates, which v2.10 replaced by `migProfileAllowlist`), or None. A component that cannot
+    start on it says so and names `flexmig migrate-config`, instead of only "no allowlist" (which reads
+    like flexmig's own mistake) or a field error in a shape the operator never meant to write."""
+    allow = section.get("migProfileAllowlist")
+    if "knownMigGeometries" in section and allow is None:
+        return "nvidia.knownMigGeometries (HAMi v2.9's whole-GPU templates) and no nvidia.migProfileAllowlist"
+    if isinstance(allow, list):
+        for i, entry in enumerate(allow):
+            if isinstance(entry, Mapping) and "allowedGeometries" in entry:
+                return f"nvidia.migProfileAllowlist[{i}] has allowedGeometries (HAMi v2.9's template shape)"
+            profiles = entry.get("profiles") if isinstance(entry, Mapping) else None
+            if isinstance(profiles, list) and any(isinstance(p, Mapping) for p in profiles):
+                return (
+                    f"nvidia.migProfileAllowlist[{i}].profiles holds {{name, memory, count}} templates "
+                    "(HAMi v2.9's shape; v2.10 lists profile names)"
+                )
+    return None
+
+
+def other_version_message(reason: str, path: str) -> str:
+    """The one line a component stops with on such a config."""
+    return (
+        f"this looks like a HAMi device config of another version (v2.9 or earlier): {reason}; flexmig "
+        f"reads HAMi v2.10's nvidia.migProfileAllowlist. Run `flexmig migrate-config {path} -o values.yaml` "
+        "to convert it (docs/hami-config.md)"
+    )
+
+
 def unused_keys(doc: Mapping[str, Any]) -> list[str]:
     """Dotted paths of the keys flexmig does not use (other vendors' sections, `nvidia.overwriteEnv`,
     `nvidia.knownMigGeometries`, ...), sorted. `flexmig migrate-config` turns knownMigGeometries into

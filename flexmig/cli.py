@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from api.buildinfo import revision, version
 from api.constants import DRIVER_NAME
+from flexmig.cliargs import OneLineParser, UsageError, usage_error
 from flexmig.logsetup import configure_logging, level_from_env
 
 # Each module exposes `register(subparsers)`; a subcommand that fails to import (an optional
@@ -26,7 +27,7 @@ SUBCOMMANDS = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="flexmig",
         description="Dynamic MIG for Kubernetes: a DRA driver that creates MIG instances on demand.",
     )
@@ -63,6 +64,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         result: int = func(args)
+    except UsageError as exc:
+        return usage_error(args.command, str(exc))
     except BrokenPipeError:
         # `flexmig layouts ... | head` closed our stdout: not an error worth a traceback.
         sys.stderr.close()

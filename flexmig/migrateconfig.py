@@ -13,7 +13,8 @@ Both shapes HAMi has shipped for `allowedGeometries` are read:
 
 Every change is reported (a name the model does not offer mapped to the one NVIDIA's naming rule gives
 for the same slice count, e.g. A100-80GB `7g.79gb` -> `7g.80gb`), and so is every name that could not
-be mapped (left out) and every key not carried over. Bad input raises MigrateError naming the path.
+be mapped (`Migration.unmapped`: the migration is partial, and the command refuses to write it unless
+asked to) and every key not carried over. Bad input raises MigrateError naming the path.
 Pure apart from the catalog lookup (simulated discovery of each model's profile table).
 """
 
@@ -69,7 +70,8 @@ class Migration:
     changes: list[str] = field(default_factory=list)
     """Every change made, one line each, naming where it came from."""
     unmapped: list[str] = field(default_factory=list)
-    """Every profile name that could not be mapped (left out), and why."""
+    """Every profile name that could not be mapped (left out), why, and the names allowed instead.
+    Not empty: the values would allow less than the input did (a model left out disables MIG on it)."""
     not_carried: list[str] = field(default_factory=list)
     """Keys of the input that have no chart value (docs/hami-config.md)."""
 
@@ -152,6 +154,12 @@ def _entry_profiles(
             f"{where}: model {model_string!r} is not a GPU flexmig knows; its names are kept unchecked "
             f"(it matches only a GPU whose NVML name is exactly {model_string!r})"
         )
+        for name in names:
+            if not is_valid_profile_name(name):
+                out.unmapped.append(
+                    f"{where}: {name!r} for {model_string!r} is not a MIG profile name; left out "
+                    "(allowed: NVIDIA's form <G>g.<GB>gb, e.g. 1g.10gb, 3g.40gb, 1g.24gb+me)"
+                )
         return [n for n in names if is_valid_profile_name(n)]
     offered = offered_profiles(model.key)
     kept: list[str] = []
@@ -224,7 +232,10 @@ def _allowlist(section: Mapping[str, Any], out: Migration) -> list[dict[str, lis
     result = [{"models": g.model_strings, "profiles": g.profiles} for g in groups.values() if g.profiles]
     for g in groups.values():
         if not g.profiles:
-            out.unmapped.append(f"models {', '.join(g.model_strings)}: no profile left; not in the allowlist")
+            out.unmapped.append(
+                f"models {', '.join(g.model_strings)}: no profile left, so the model is not in the "
+                "allowlist (flexmig would publish no MIG device on those GPUs)"
+            )
     try:
         parse_allowlist(result)
     except AllowlistError as exc:  # e.g. an unknown model string twice under different spellings

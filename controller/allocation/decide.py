@@ -6,8 +6,9 @@ MIG policy chooses node, GPU, profile and placement of MIG devices; the share po
 HAMi-core GPUs of shares; the whole-GPU policy (combined in controller/allocation/wholeplan.py) chooses
 the idle GPUs of whole-GPU requests; this module feeds them the candidates, keeps every device of the
 pod on one node, walks `firstAvailable` alternatives (earlier ones win, as in kube-scheduler, except
-that a request mixing MIG and HAMi-core alternatives takes the one stranding the least memory:
-controller/shared/shares.py), enforces `matchAttribute` / `distinctAttribute` constraints, and re-checks the
+that a request of a claim generated from a shim template (its `LABEL_SHIM_TEMPLATE` label) mixing MIG
+and HAMi-core alternatives takes the one stranding the least memory: controller/shared/shares.py; in
+a user's claim the order is the user's priority), enforces `matchAttribute` / `distinctAttribute` constraints, and re-checks the
 result against the published counters (MIG and whole devices) before anything is written.
 """
 
@@ -21,6 +22,7 @@ from typing import Any
 
 from api.constants import DRIVER_NAME
 from controller.allocation.nomatch import largest_mig_device
+from controller.allocation.upstream import explain, one_node, result_limit, shim_claim, tolerated
 from controller.allocation.wholeplan import Checker, Unplaced, WholePlacer
 from controller.claims.constraints import Plan, Slot
 from controller.claims.requests import (
@@ -29,9 +31,9 @@ from controller.claims.requests import (
     Candidates,
     ClaimRequest,
     RequestError,
-    allocation_config,
     claim_requests,
 )
+from controller.claims.resultconfig import allocation_config, dedicated
 from controller.shared.shares import (
     AltKind,
     Classified,
@@ -132,7 +134,7 @@ class Decider:
         self._idle = None
         self._classified = {}
         flat = [(ci, req) for ci, reqs in enumerate(per_claim) for req in reqs]
-        mixed = {i for i, (_, req) in enumerate(flat) if self._mixed(req)}
+        mixed = {i for i, (ci, req) in enumerate(flat) if shim_claim(claims[ci]) and self._mixed(req)}
         mixed_order = sorted(mixed)
         strict = [i for i in range(len(flat)) if i not in mixed]
         failures: list[Decision] = []
@@ -175,7 +177,7 @@ class Decider:
         if hit is None:
             where = f"claim {req.claim} spec.devices.requests[{alt.result_name}]"
             try:
-                hit = classify(self.index, alt, where)
+                hit = classify(self.index, dedicated(self.index, alt), where)
             except RequestError as exc:
                 # A selector that does not compile says nothing of where it is written: name the request.
                 text = str(exc) if str(exc).startswith(where) else f"{where}: {exc}"
@@ -199,6 +201,9 @@ class Decider:
         node_ok: Callable[[str], bool] | None,
         mixed: set[int],
     ) -> Decision:
+        limit = result_limit([(req, alt) for (_, req), alt in picked])
+        if limit is not None:
+            return Decision(reason=ControllerReason.INVALID_REQUEST, message=limit)
         slots: list[Slot] = []
         mig_requests: list[DeviceRequest] = []
         share_requests: list[ShareRequest] = []
@@ -243,6 +248,9 @@ class Decider:
                 share_requests.append(ShareRequest(slot.policy_name, amounts, group=str(ci)))
         plan = self._place(mig_requests, share_requests, whole_requests, node_ok)
         if isinstance(plan, Decision):
+            if plan.reason == ShortReason.NO_SINGLE_NODE:
+                nodes = set(self.ledger.cluster.nodes()) | {ref.node for ref in self._states}
+                plan.message = one_node(plan.message, nodes, node_ok)
             return plan
         problem = self.check.violation(claims, slots, plan)
         if problem is None:
@@ -253,7 +261,7 @@ class Decider:
             again = self._place(mig_pinned, share_pinned, whole_requests, node_ok)
             if isinstance(again, Plan) and self.check.violation(claims, slots, again) is None:
                 return self._decision(claims, classes, slots, again, mixed)
-        return Decision(reason=ControllerReason.CONSTRAINT_UNSATISFIED, message=problem.message)
+        return Decision(reason=ControllerReason.CONSTRAINT_UNSATISFIED, message=explain(problem))
 
     def _place(
         self,
@@ -354,18 +362,21 @@ class Decider:
             for s, d in mine:
                 if s.kind in (AltKind.MIG, AltKind.WHOLE):
                     results.append(
-                        {
-                            "request": s.alternative.result_name,
-                            "driver": DRIVER_NAME,
-                            "pool": d.pool,
-                            "device": d.name,
-                        }
+                        tolerated(
+                            {
+                                "request": s.alternative.result_name,
+                                "driver": DRIVER_NAME,
+                                "pool": d.pool,
+                                "device": d.name,
+                            },
+                            s.alternative,
+                        )
                     )
                     held.append((d.pool, d.name))
                     continue
                 amount = plan.shares[s.policy_name].amount
                 result = share_result(s.alternative.result_name, d, amount)
-                results.append(result)
+                results.append(tolerated(result, s.alternative))
                 held.append(
                     ShareUse(
                         d.pool, d.name, result["shareID"], amount.memory_mib, amount.cores, amount.shares

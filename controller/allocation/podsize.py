@@ -29,6 +29,7 @@ from typing import Any
 from api.constants import ANNOTATION_EXPECTED_DURATION
 from controller.claims.podclaims import claim_names
 from controller.claims.requests import Alternative, CandidateIndex, RequestError, claim_requests
+from controller.claims.resultconfig import dedicated
 from controller.shared.shares import AltKind, ShareAmounts, classify
 from driver.policy.placer import PodSize
 
@@ -59,7 +60,7 @@ def pod_size(
             alt = req.alternatives[0]
             where = f"claim {req.claim} spec.devices.requests[{alt.result_name}]"
             try:
-                kind = classify(index, alt, where)
+                kind = classify(index, dedicated(index, alt), where)
             except RequestError:
                 return None
             if (

@@ -4,7 +4,7 @@ The policies place devices without knowing the constraints; a placement is then 
 violated `matchAttribute` is retried with every covered request pinned to one attribute value at a time
 (most promising first, bounded). Shares of one claim never share a GPU (driver/policy/shared.py), so
 `distinctAttribute: gpu.flexmig.dev/uuid` over shares always holds; other distinct attributes are
-checked like MIG ones. As in kube-scheduler, a covered device lacking a matchAttribute attribute fails.
+checked like MIG ones. As in kube-scheduler, a covered device lacking the attribute fails either kind.
 """
 
 from __future__ import annotations
@@ -103,11 +103,15 @@ class ConstraintChecker:
                             f"across {len(covered)} devices",
                             covered,
                         )
-                elif constraint.get("distinctAttribute") and len(set(map(repr, values))) < len(values):
+                elif constraint.get("distinctAttribute") and (
+                    None in values or len(set(map(repr, values))) < len(values)
+                ):
+                    # A device lacking the attribute fails the constraint, as upstream.
+                    missing = " (a device lacks the attribute)" if None in values else ""
                     return Problem(
                         "",
                         f"claim {name}: distinctAttribute {constraint['distinctAttribute']} not satisfiable "
-                        "by this placement",
+                        f"by this placement{missing}",
                         covered,
                         distinct=str(constraint["distinctAttribute"]),
                     )

@@ -16,10 +16,12 @@ and no MIG or shared device is served by idle whole GPUs (driver/policy/whole.py
 gives the GPUs whose whole device it admits. Selectors admitting MIG devices as well stay MIG requests.
 
 What the controller does not allocate is refused with a message naming the field, never guessed at:
-`allocationMode: All` (MIG placements overlap, so "every matching device" cannot be allocated
-together), `adminAccess`, capacity requests on MIG or whole-GPU devices, an opaque config for
-gpu.flexmig.dev that is not a known type (api/opaqueconfig.py), and a memoryPercentage config that
-applies only to requests no share can serve (or names no request of the claim).
+`allocationMode: All`, `adminAccess`, a selector that is not CEL or a constraint of an unknown kind
+(controller/claims/fields.py), a claim whose requests need more than 32 results, an opaque config
+for gpu.flexmig.dev that is not a known type (api/opaqueconfig.py), and a memoryPercentage config that
+applies only to requests no share can serve (or names no request of the claim). Capacity requests on
+MIG or whole-GPU devices are filters (controller/claims/resultconfig.py `dedicated`); tolerations
+ride in the selector set, so tainted devices drop out of the candidates (fields.py).
 """
 
 from __future__ import annotations
@@ -30,12 +32,12 @@ from typing import Any
 
 from api.constants import DRIVER_NAME
 from api.opaqueconfig import OpaqueConfigError, decode_parameters
+from controller.claims import fields
 from controller.claims.cel import CelCompileError, CelEnvironment, DeviceSelector
 from controller.shared.capacity import ShareRequestError, ShareSpec, parse_capacity_requests
 from controller.state.inventory import Inventory, PublishedDevice
 from driver.policy.model import GpuRef
 
-MAX_COUNT = 32  # the API's limit on results per claim
 
 
 class RequestError(ValueError):
@@ -52,6 +54,8 @@ class Alternative:
     count: int
     share: ShareSpec | None = None  # what a share must hold, when capacity or a percent config is given
     capacity_requested: bool = False  # capacity.requests present: only shared devices can serve it
+    # Copied into every result (upstream does); the selectors carry them for candidate filtering.
+    tolerations: tuple[dict[str, Any], ...] = field(default=(), compare=False)
 
     @property
     def request_name(self) -> str:
@@ -78,18 +82,14 @@ def _spec_requests(claim: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return list(((claim.get("spec") or {}).get("devices") or {}).get("requests") or [])
 
 
-def _selectors(obj: Mapping[str, Any] | None) -> tuple[str, ...]:
-    out = []
-    for sel in (obj or {}).get("selectors") or ():
-        expr = (sel.get("cel") or {}).get("expression")
-        if expr:
-            out.append(str(expr))
-    return tuple(out)
-
-
 def _alternative(
-    where: str, result_name: str, body: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]]
+    where: str,
+    result_name: str,
+    body: Mapping[str, Any],
+    classes: Mapping[str, Mapping[str, Any]],
+    path: str,
 ) -> Alternative:
+    """`where` names the request for messages; `path` is its field path by index (selectors[j])."""
     class_name = body.get("deviceClassName")
     if not class_name:
         raise RequestError(f"{where}.deviceClassName is required")
@@ -99,25 +99,38 @@ def _alternative(
     mode = body.get("allocationMode") or "ExactCount"
     if mode != "ExactCount":
         raise RequestError(
-            f"{where}.allocationMode {mode!r} is not supported for MIG devices (overlapping placements "
-            "cannot all be allocated); allowed: ExactCount"
+            f"{where}.allocationMode {mode!r} is not supported by the flexmig controller (MIG devices of "
+            "a GPU overlap, and shares and whole GPUs are placed one by one); use allocationMode "
+            "ExactCount with the count you need"
         )
     if body.get("adminAccess"):
-        raise RequestError(f"{where}.adminAccess is not supported by the flexmig controller")
+        raise RequestError(
+            f"{where}.adminAccess is not supported by the flexmig controller (it allocates devices "
+            "exclusively); remove it, or allocate admin claims with kube-scheduler (scheduler mode)"
+        )
+    try:
+        sels = fields.selectors(f"DeviceClass {class_name} spec", device_class.get("spec"))
+        sels += fields.selectors(path, body)
+        tols = fields.tolerations(path, body)
+    except fields.FieldError as exc:
+        raise RequestError(str(exc)) from exc
     try:
         capacity = parse_capacity_requests(where, body)
     except ShareRequestError as exc:
         raise RequestError(str(exc)) from exc
     count = body.get("count", 1)
-    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_COUNT:
-        raise RequestError(f"{where}.count must be an integer in 1..{MAX_COUNT}, got {count!r}")
+    # No upper bound here: a firstAvailable alternative asking for more than a claim holds is skipped
+    # (upstream), and the claim as a whole is checked against the 32-result limit.
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise RequestError(f"{where}.count must be a positive integer, got {count!r}")
     return Alternative(
         result_name,
         class_name,
-        _selectors(device_class.get("spec")) + _selectors(body),
+        sels + fields.tolerations_selector(tols),
         count,
         ShareSpec(capacity) if capacity is not None else None,
         capacity is not None,
+        tols,
     )
 
 
@@ -187,20 +200,29 @@ def claim_requests(
     only to requests no share can serve would be dropped silently, so it is refused."""
     meta = claim.get("metadata") or {}
     key = f"{meta.get('namespace')}/{meta.get('name')}"
+    try:
+        fields.check_constraints(key, claim)
+    except fields.FieldError as exc:
+        raise RequestError(str(exc)) from exc
     percents = _percent_configs(claim, key)
     out = []
     for i, req in enumerate(_spec_requests(claim)):
         name = req.get("name") or f"#{i}"
         where = f"claim {key} spec.devices.requests[{name}]"
+        path = f"claim {key} spec.devices.requests[{i}]"
         alts: tuple[Alternative, ...]
         if req.get("exactly"):
-            alts = (_alternative(f"{where}.exactly", name, req["exactly"], classes),)
+            alts = (_alternative(f"{where}.exactly", name, req["exactly"], classes, f"{path}.exactly"),)
         elif req.get("firstAvailable"):
             alts = tuple(
                 _alternative(
-                    f"{where}.firstAvailable[{sub.get('name')}]", f"{name}/{sub.get('name')}", sub, classes
+                    f"{where}.firstAvailable[{sub.get('name')}]",
+                    f"{name}/{sub.get('name')}",
+                    sub,
+                    classes,
+                    f"{path}.firstAvailable[{k}]",
                 )
-                for sub in req["firstAvailable"]
+                for k, sub in enumerate(req["firstAvailable"])
             )
         else:
             raise RequestError(f"{where}: one of exactly or firstAvailable is required")
@@ -209,10 +231,24 @@ def claim_requests(
         out.append(ClaimRequest(key, name, alts))
     if not out:
         raise RequestError(f"claim {key} has no device requests")
+    _check_result_limit(key, out)
     if percents:
         _check_names(percents, out)
         _check_percent_targets(percents, out, index)
     return out
+
+
+def _check_result_limit(key: str, out: list[ClaimRequest]) -> None:
+    """The API takes at most 32 results per claim: refuse a claim whose least count over its requests'
+    alternatives exceeds it, as upstream does, before anything is written (the write would get a 422)."""
+    least = sum(min(a.count for a in r.alternatives) for r in out)
+    if least > fields.ALLOCATION_RESULTS_MAX:
+        counts = ", ".join(f"{r.name}: {min(a.count for a in r.alternatives)}" for r in out)
+        raise RequestError(
+            f"claim {key} spec.devices.requests ask for {least} devices ({counts}); a claim holds at most "
+            f"{fields.ALLOCATION_RESULTS_MAX} (AllocationResultsMaxSize): split the requests over "
+            "several claims"
+        )
 
 
 def _check_percent_targets(
@@ -239,6 +275,12 @@ def _no_share(cfg: PercentConfig, what: str) -> RequestError:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Compiled:
+    selectors: list[DeviceSelector]
+    tolerations: list[Mapping[str, Any]]
+
+
 class CandidateIndex:
     """Per selector set, the matching published MIG devices of every GPU (cached per inventory)."""
 
@@ -252,14 +294,17 @@ class CandidateIndex:
         # Per (selectors, share spec): what one share consumes on each GPU (controller/shared/shares.py).
         self.share_amounts_cache: dict[tuple[Any, ...], Any] = {}
 
-    def _compiled(self, selectors: Sequence[str]) -> list[DeviceSelector]:
+    def _compiled(self, selectors: Sequence[str]) -> _Compiled:
+        cel, tols = fields.split_tolerations(selectors)
         try:
-            return [self.cel.compile(s) for s in selectors]
+            return _Compiled([self.cel.compile(s) for s in cel], tols)
         except CelCompileError as exc:
             raise RequestError(str(exc)) from exc
 
-    def _match(self, compiled: Sequence[DeviceSelector], dev: PublishedDevice, errors: list[str]) -> bool:
-        for sel in compiled:
+    def _match(self, compiled: _Compiled, dev: PublishedDevice, errors: list[str]) -> bool:
+        if dev.raw.get("taints") and fields.untolerated(dev.raw, compiled.tolerations) is not None:
+            return False
+        for sel in compiled.selectors:
             verdict = sel.evaluate(dev.cel)
             if verdict is True:
                 continue
@@ -353,25 +398,3 @@ class CandidateIndex:
                 out[ref] = dev
         self._shared[selectors] = out
         return out
-
-
-def allocation_config(
-    claim: Mapping[str, Any],
-    classes: Mapping[str, Mapping[str, Any]],
-    chosen: Mapping[str, Alternative],
-) -> list[dict[str, Any]]:
-    """status.allocation.devices.config: class configs (FromClass) then the claim's (FromClaim)."""
-    out: list[dict[str, Any]] = []
-    for request, alt in chosen.items():
-        spec = (classes.get(alt.class_name) or {}).get("spec") or {}
-        for cfg in spec.get("config") or ():
-            if cfg.get("opaque"):
-                out.append({"source": "FromClass", "requests": [request], "opaque": cfg["opaque"]})
-    for cfg in ((claim.get("spec") or {}).get("devices") or {}).get("config") or ():
-        if not cfg.get("opaque"):
-            continue
-        entry: dict[str, Any] = {"source": "FromClaim", "opaque": cfg["opaque"]}
-        if cfg.get("requests"):
-            entry["requests"] = list(cfg["requests"])
-        out.append(entry)
-    return out

@@ -23,6 +23,7 @@ from controller.shim.legacy import (
     has_legacy_resources,
     vgpu_mode,
 )
+from controller.shim.selection import selection_problems
 from controller.shim.templates import TemplateSpec, describe, template_for
 
 # Init containers first: the order HAMi counts containers in, and the order they run.
@@ -102,7 +103,8 @@ def _rewrites(
     if not found:
         return []
     mode = vgpu_mode(annotations)  # only a pod with legacy resources is held to the annotation
-    errors: list[str] = []
+    # HAMi's selection and policy annotations: honoured or refused, never ignored (selection.py).
+    errors: list[str] = selection_problems(annotations)
     out: list[_Rewrite] = []
     for field, kind, i, container in found:
         try:

@@ -196,9 +196,12 @@ def template_for(namespace: str, shape: Shape) -> TemplateSpec:
             "labels": {LABEL_MANAGED_BY: MANAGED_BY, LABEL_SHIM_TEMPLATE: SHIM_TEMPLATE_VERSION},
             "annotations": {ANNOTATION_SHAPE: describe(shape)},
         },
-        # `metadata: {}` is what the API server stores for an absent one; writing it makes the stored
-        # spec equal to this one, so the webhook can tell a template of another version by comparing.
-        "spec": {"metadata": {}, "spec": claim_spec(shape)},
+        # Generated claims carry the shim label (the controller keeps the strand-least firstAvailable
+        # rule for them only); the stored spec equals this one, so the webhook can compare versions.
+        "spec": {
+            "metadata": {"labels": {LABEL_SHIM_TEMPLATE: SHIM_TEMPLATE_VERSION}},
+            "spec": claim_spec(shape),
+        },
     }
     return TemplateSpec(namespace=namespace, name=name, body=body)
 

@@ -14,6 +14,7 @@ from typing import Any
 import structlog
 
 from api.constants import DEFAULT_CONTROLLER_METRICS_PORT
+from flexmig.cliargs import UsageError
 from flexmig.commands.controller_webhook import (
     add_webhook_flags,
     load_defaults,
@@ -71,18 +72,44 @@ def _validate(args: argparse.Namespace) -> str | None:
     return validate_webhook_flags(args)
 
 
+def _api_client(kubeconfig: str | None) -> Any:
+    """The API client for `--kubeconfig`, else the in-cluster service account; UsageError naming the
+    flag when neither can be loaded (before: a ConfigException traceback)."""
+    from kubernetes import config as kconfig
+
+    if kubeconfig:
+        if not os.path.isfile(kubeconfig):
+            raise UsageError(f"--kubeconfig: {kubeconfig} does not exist; allowed: a kubeconfig file")
+        try:
+            return kconfig.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+        except Exception as exc:  # ConfigException, YAML and key errors: all mean a bad file
+            raise UsageError(f"--kubeconfig: cannot load {kubeconfig}: {_first_line(exc)}") from None
+    try:
+        kconfig.load_incluster_config()  # type: ignore[no-untyped-call]
+    except kconfig.ConfigException as exc:
+        raise UsageError(
+            "--kubeconfig: not given ($KUBECONFIG unset) and not running in a cluster "
+            f"({_first_line(exc)}); allowed: a kubeconfig file, or run in a pod with a service account"
+        ) from None
+    from kubernetes import client as k8s
+
+    return k8s.ApiClient()
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
 def run(args: argparse.Namespace) -> int:
     problem = _validate(args)
     if problem is not None:
-        log.error("invalid flag", problem=problem)
-        print(f"flexmig controller: {problem}")
-        return 2
+        # One line on stderr (the pod's log too); flexmig.cli prints UsageError, exit 2.
+        raise UsageError(problem)
     if args.mode == "scheduler":
         # kube-scheduler allocates from the published slices; pods are not gated, nothing to do here.
         print("flexmig controller: mode 'scheduler' needs no controller (kube-scheduler allocates); exiting")
         return 0
-    from kubernetes import config as kconfig
-
     from controller.runtime.process import ControllerProcess, ProcessOptions
     from controller.webhook.server import bind_check
     from driver.policy.allocator import FirstFitPolicy, PackingPolicy
@@ -93,16 +120,8 @@ def run(args: argparse.Namespace) -> int:
         if settings is not None and (problem := bind_check(settings.address, settings.port)):
             raise ValueError(f"--webhook-port: {problem}")
     except ValueError as exc:
-        log.error("invalid flag", problem=str(exc))
-        print(f"flexmig controller: {exc}")
-        return 2
-    if args.kubeconfig:
-        api = kconfig.new_client_from_config(config_file=args.kubeconfig)  # type: ignore[no-untyped-call]
-    else:
-        kconfig.load_incluster_config()  # type: ignore[no-untyped-call]
-        from kubernetes import client as k8s
-
-        api = k8s.ApiClient()
+        raise UsageError(str(exc)) from None
+    api = _api_client(args.kubeconfig)
     webhook: Any = None
     if settings is not None:
         from controller.webhook import WebhookService
@@ -121,9 +140,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         process = ControllerProcess(api, options, webhook=webhook)
     except OSError as exc:
-        log.error("cannot bind the metrics port", port=args.metrics_port, error=str(exc))
-        print(f"flexmig controller: --metrics-port: cannot listen on {args.metrics_port}: {exc}")
-        return 2
+        raise UsageError(f"--metrics-port: cannot listen on {args.metrics_port}: {exc}") from None
     signal.signal(signal.SIGTERM, lambda *_: process.stop_event.set())
     signal.signal(signal.SIGINT, lambda *_: process.stop_event.set())
     log.info(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from driver.nvml.sim import SKUS, SimAdmin, SimGpuSpec, init_sim_state
@@ -57,7 +58,7 @@ def run_init(args: argparse.Namespace) -> int:
             seed=args.seed or args.state.name,
         )
     except (ValueError, FileExistsError) as exc:
-        print(f"flexmig sim init: {exc}")
+        print(f"flexmig sim init: {exc}", file=sys.stderr)
         return 2
     print(f"wrote {args.state}: {len(skus)} GPU(s)")
     return 0
@@ -65,7 +66,7 @@ def run_init(args: argparse.Namespace) -> int:
 
 def run_show(args: argparse.Namespace) -> int:
     if not args.state.exists():
-        print(f"flexmig sim show: --state: {args.state} does not exist")
+        print(f"flexmig sim show: --state: {args.state} does not exist", file=sys.stderr)
         return 2
     snap = SimAdmin(args.state).snapshot()
     for gpu in snap.gpus:

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 from driver.nvml.sim import SKUS
 from driver.policy.allocator import FirstFitPolicy, PackingPolicy, Policy
 from driver.policy.hami import HamiPolicy
+from flexmig.cliargs import UsageError, int_in
 from flexmig.simulation import bound_run, export, html_report, report, runner, workload
 
 _POLICIES: dict[str, type[PackingPolicy] | type[FirstFitPolicy] | type[HamiPolicy]] = {
@@ -24,6 +26,10 @@ _POLICIES: dict[str, type[PackingPolicy] | type[FirstFitPolicy] | type[HamiPolic
 }
 _CHOICES = [*_POLICIES, bound_run.BOUND_NAME]
 DEFAULT_MODELS = "A100-40GB,H100-80GB,A100-80GB,H200-141GB"
+# Upper bounds keep a typo (an extra zero or three) from becoming an hours-long run.
+MAX_NODES = 1000
+MAX_GPUS_PER_NODE = 16
+MAX_PODS = 1_000_000
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -37,14 +43,26 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "fragmentation and decision latency."
         ),
     )
-    parser.add_argument("--nodes", type=int, default=6, help="simulated nodes (default 6)")
-    parser.add_argument("--gpus-per-node", type=int, default=2, help="GPUs per node (default 2)")
+    parser.add_argument(
+        "--nodes", type=int_in(1, MAX_NODES), default=6, help=f"simulated nodes, 1..{MAX_NODES} (default 6)"
+    )
+    parser.add_argument(
+        "--gpus-per-node",
+        type=int_in(1, MAX_GPUS_PER_NODE),
+        default=2,
+        help=f"GPUs per node, 1..{MAX_GPUS_PER_NODE} (default 2)",
+    )
     parser.add_argument(
         "--models",
         default=DEFAULT_MODELS,
         help=f"comma-separated GPU models, assigned to nodes round-robin (default {DEFAULT_MODELS})",
     )
-    parser.add_argument("--pods", type=int, default=500, help="pods in the stream (default 500)")
+    parser.add_argument(
+        "--pods",
+        type=int_in(1, MAX_PODS),
+        default=500,
+        help=f"pods in the stream, 1..{MAX_PODS} (default 500)",
+    )
     parser.add_argument("--seed", type=int, default=1, help="workload seed (default 1)")
     parser.add_argument(
         "--policy",
@@ -69,24 +87,65 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def _parse_list(value: str, field: str, allowed: list[str]) -> list[str]:
     items = [v.strip() for v in value.split(",") if v.strip()]
     if not items:
-        raise ValueError(f"--{field}: empty; allowed values: {', '.join(allowed)}")
+        raise UsageError(f"--{field}: empty; allowed values: {', '.join(allowed)}")
     for item in items:
         if item not in allowed:
-            raise ValueError(f"--{field}: unknown value {item!r}; allowed values: {', '.join(allowed)}")
+            raise UsageError(f"--{field}: unknown value {item!r}; allowed values: {', '.join(allowed)}")
     return items
 
 
-def run(args: argparse.Namespace) -> int:
+def check_report_dir(path: Path) -> None:
+    """UsageError unless `path` is (or can be made) a writable directory: checked before the run, so a
+    long run does not end in "cannot write". Creates nothing."""
+    if path.exists():
+        if not path.is_dir():
+            raise UsageError(
+                f"--report: {path} is not a directory; allowed: a directory, or a path to create one"
+            )
+        target = path
+    else:
+        target = path.parent
+        while not target.exists() and target != target.parent:
+            target = target.parent
+        if not target.is_dir():
+            raise UsageError(f"--report: cannot create {path}: {target} is not a directory")
+    if not os.access(target, os.W_OK | os.X_OK):
+        raise UsageError(f"--report: cannot write to {path}: {target} is not writable")
+
+
+def _silence_highs_banner() -> None:
+    """Build the process's first HiGHS instance with stdout and stderr on /dev/null: HiGHS prints its
+    banner from C when the first one is built (driver/policy/highs.py sends it to stderr), and --quiet
+    and --json promise a silent stderr. Done before the run, while no other thread writes."""
+    from flexmig.simulation import fit_highs
+
+    if not fit_highs.available():
+        return
+    from driver.policy.highs import quiet_highs
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    devnull = os.open(os.devnull, os.O_WRONLY)
     try:
-        models = _parse_list(args.models, "models", list(SKUS))
-        policy_names = _parse_list(args.policy, "policy", _CHOICES)
-        for field, value in (("nodes", args.nodes), ("gpus-per-node", args.gpus_per_node)):
-            if value < 1:
-                raise ValueError(f"--{field}: must be >= 1, got {value}")
-        pods = workload.generate(args.pods, args.seed)
-    except ValueError as exc:
-        print(f"flexmig simulate: {exc}")
-        return 2
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        quiet_highs()
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, devnull):
+            os.close(fd)
+
+
+def run(args: argparse.Namespace) -> int:
+    models = _parse_list(args.models, "models", list(SKUS))
+    policy_names = _parse_list(args.policy, "policy", _CHOICES)
+    if args.report is not None:
+        check_report_dir(args.report)
+    pods = workload.generate(args.pods, args.seed)
+    if args.quiet or args.json:
+        _silence_highs_banner()
     nodes = [
         runner.NodeSpec(f"node-{i}", (models[i % len(models)],) * args.gpus_per_node)
         for i in range(args.nodes)
@@ -107,8 +166,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             written = html_report.write(args.report, document, text)
         except OSError as exc:
-            print(f"flexmig simulate: --report: cannot write to {args.report}: {exc}", file=sys.stderr)
-            return 2
+            raise UsageError(f"--report: cannot write to {args.report}: {exc}") from None
         if progress is not None:
             progress(f"report: {', '.join(str(p) for p in written)}")
     if args.json:

@@ -16,11 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from api.constants import DRIVER_NAME
+from flexmig.cliargs import float_in
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
 PODS = "/api/v1/pods"
 PAGE = 500
+MAX_TIMEOUT_S = 3600.0  # an hour per request is already a hung API server
 
 
 class StatusError(Exception):
@@ -49,7 +51,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="plain text (default: colour when stdout is a terminal and NO_COLOR is unset)",
     )
-    parser.add_argument("--timeout", type=float, default=15.0, help="seconds per API request (default 15)")
+    parser.add_argument(
+        "--timeout",
+        type=float_in(0, MAX_TIMEOUT_S, "seconds per API request", lo_open=True),
+        default=15.0,
+        help=f"seconds per API request, above 0 and at most {MAX_TIMEOUT_S:g} (default 15)",
+    )
     parser.add_argument(
         "-o",
         "--output",

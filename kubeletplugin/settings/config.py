@@ -146,8 +146,15 @@ def _device_settings(flag: Flag, value: str) -> DeviceSettings:
         section = hamiconfig.nvidia_section(doc, repr(value)) if "nvidia" in doc else doc
     except hamiconfig.DeviceConfigError as exc:
         raise ConfigError(f"{flag.label()}: {exc}") from None
+    # Checked first: v2.9's shapes would otherwise fail with a field error that hides the real cause.
+    hint = hamiconfig.other_version_hint(section)
+    if hint is not None:
+        raise ConfigError(f"{flag.label()}: {value!r}: {hamiconfig.other_version_message(hint, value)}")
     if "migProfileAllowlist" not in section:
-        raise ConfigError(f"{flag.label()}: {value!r} has no 'nvidia.migProfileAllowlist' list")
+        raise ConfigError(
+            f"{flag.label()}: {value!r} has no 'nvidia.migProfileAllowlist' list; allowed: HAMi v2.10's "
+            "device config (nvidia.migProfileAllowlist: [{models: [...], profiles: [...]}])"
+        )
     try:
         allowlist = parse_allowlist(section["migProfileAllowlist"])
     except ValueError as exc:

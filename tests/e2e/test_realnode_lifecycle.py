@@ -20,7 +20,6 @@ module's tests, in order:
 from __future__ import annotations
 
 import base64
-import contextlib
 import os
 import socket
 import ssl
@@ -37,6 +36,7 @@ from kubernetes.client.exceptions import ApiException
 
 from api.constants import ALLOCATION_GATE, DRIVER_NAME
 from controller.kube.rest import pod_path, request
+from controller.kube.writer import FINALIZER
 from controller.state.audit import audit_allocations
 from controller.webhook.certs import issue_serving, rotation_reason
 
@@ -50,6 +50,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 RESOURCE = "/apis/resource.k8s.io/v1"
 MWC = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 NEW_TAG = "0.1.0-lifecycle"
+DRY_RUN = [("dryRun", "All")]
 
 
 @pytest.fixture(scope="module")
@@ -188,7 +189,7 @@ def test_helm_upgrade_to_a_new_image_while_a_gpu_pod_runs(sc: ChartNodeScenario)
     started = time.monotonic()
     with Prober(sc, ns) as probe:
         sc.image_tag = NEW_TAG
-        sc.upgrade()
+        sc.helm_upgrade()
         create_retrying(sc, ns, guide_pod(sc, "after-1", "mig"))  # right after `helm upgrade` returns
         for component in ("controller", "kubelet-plugin"):
             wait_until(
@@ -292,49 +293,58 @@ def driver_objects(sc: ChartNodeScenario) -> dict[str, list[str]]:
 
 
 def test_helm_uninstall_leaves_nothing_that_blocks_or_leaks(sc: ChartNodeScenario) -> None:
+    """Uninstall with one GPU pod still running (deployments/README.md, "Uninstall", says what a user
+    gets): the release's objects, slices, classes, webhook and the shim's template go at once and pods
+    are admitted again; the running pod keeps its container, GPU instance and CDI spec. Deleted, it
+    stays Terminating (no plugin to unprepare it, its claim keeps the controller's finalizer) until the
+    chart is installed again, which finishes both; a second uninstall then leaves nothing at all."""
     ns = f"lc-up-{sc.suffix}"
     for name in ("after-1", "after-2"):
         sc.delete_pod(ns, name, wait_s=90)
     templates = f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates"
+    claims = f"{RESOURCE}/namespaces/{ns}/resourceclaims"
     assert request(sc.api, "GET", templates)["items"], "the shim made the guide pods' template"
-    # "before" still runs: what happens to it is what a user who uninstalls under load gets.
+    [kept] = sc.instances()
     sc.cp.helm("uninstall", sc.release, "-n", sc.namespace, "--wait", "--timeout", "2m")
     sc.installed = False
     wait_until(lambda: not sc.pods(sc.namespace), 60, "the chart's pods to go")
-    time.sleep(40)
-    print("\n[lifecycle] after uninstall:", driver_objects(sc))
-    print(
-        "[lifecycle] templates:", [t["metadata"]["name"] for t in request(sc.api, "GET", templates)["items"]]
-    )
-    pod = request(sc.api, "GET", pod_path(ns, "before"))
-    print("[lifecycle] running pod:", pod["status"].get("phase"), pod["status"].get("containerStatuses"))
-    claims = request(sc.api, "GET", f"{RESOURCE}/namespaces/{ns}/resourceclaims")["items"]
-    print("[lifecycle] claims:", [(c["metadata"]["name"], c["metadata"].get("finalizers")) for c in claims])
-    # A plain pod and a GPU pod are admitted: no webhook configuration is left to fail closed.
+    gone: dict[str, list[str]] = {"slices": [], "classes": [], "webhooks": [], "chart pods": []}
+
+    def released() -> bool:
+        left = driver_objects(sc)
+        # The instance and CDI spec the running pod uses stay.
+        assert left.pop("instances") == [str(kept)] and len(left.pop("cdi specs")) == 1, left
+        return left == gone
+
+    # The kubelet deletes the slices of a driver that unregistered, after a grace period.
+    wait_until(released, 90, f"the release's objects to go ({driver_objects(sc)})")
+    wait_until(lambda: not request(sc.api, "GET", templates)["items"], 60, "the GC to delete the template")
+    assert container_of(sc, ns, "before")[2] == 0
+    # No webhook configuration fails pods closed: a plain pod runs, a GPU pod is admitted untouched.
     plain_ns = sc.test_namespace("lc-plain")
     sc.create(plain_ns, "pods", user_pod(sc, "plain"))
     sc.wait_running(plain_ns, "plain", timeout_s=60)
-    request(
-        sc.api,
-        "POST",
-        f"/api/v1/namespaces/{plain_ns}/pods",
-        guide_pod(sc, "gpu", "mig"),
-        query=[("dryRun", "All")],
+    gpu = request(
+        sc.api, "POST", f"/api/v1/namespaces/{plain_ns}/pods", guide_pod(sc, "gpu", "mig"), query=DRY_RUN
     )
-    # Deleting the GPU pod that ran through the uninstall.
+    assert "schedulingGates" not in gpu["spec"], gpu["spec"]
+
+    # The pod that ran through the uninstall, deleted: nothing on the node can unprepare its claim.
     request(sc.api, "DELETE", pod_path(ns, "before"))
-    time.sleep(30)
-    with contextlib.suppress(ApiException):
-        pod = request(sc.api, "GET", pod_path(ns, "before"))
-        print(
-            "[lifecycle] deleted pod:", pod["metadata"].get("deletionTimestamp"), pod["status"].get("phase")
-        )
-    claims = request(sc.api, "GET", f"{RESOURCE}/namespaces/{ns}/resourceclaims")["items"]
-    print(
-        "[lifecycle] claims:",
-        [
-            (c["metadata"]["name"], c["metadata"].get("finalizers"), c["metadata"].get("deletionTimestamp"))
-            for c in claims
-        ],
-    )
-    print("[lifecycle] after delete:", driver_objects(sc))
+    time.sleep(10)
+    assert request(sc.api, "GET", pod_path(ns, "before"))["metadata"]["deletionTimestamp"]
+    [claim] = request(sc.api, "GET", claims)["items"]
+    assert claim["metadata"]["finalizers"] == [FINALIZER], claim["metadata"]
+    # Installing again finishes it: the plugin unprepares, the controller deallocates.
+    sc.install()
+    sc.wait_plugin()
+    sc.wait_webhook(timeout_s=120)
+    wait_until(lambda: not sc.pods(ns), 120, "the deleted GPU pod to go")
+    wait_until(lambda: not request(sc.api, "GET", claims)["items"], 60, "its claim to go")
+    assert sc.instances() == [] and not list(sc.cdi_dir.glob(f"{DRIVER_NAME}*.json"))
+
+    sc.cp.helm("uninstall", sc.release, "-n", sc.namespace, "--wait", "--timeout", "2m")
+    sc.installed = False
+    wait_until(lambda: not sc.pods(sc.namespace), 60, "the chart's pods to go")
+    empty: dict[str, list[str]] = {k: [] for k in driver_objects(sc)}
+    wait_until(lambda: driver_objects(sc) == empty, 30, f"nothing of the driver left ({driver_objects(sc)})")

@@ -163,3 +163,62 @@ def test_cli_bad_input_exits_non_zero_on_stderr(tmp_path: Path, capsys: pytest.C
     assert "knownMigGeometries[0].allowedGeometries[0][0].name" in captured.err and str(bad) in captured.err
     assert main(["migrate-config", str(tmp_path / "missing.yaml")]) == 1
     assert "cannot read" in capsys.readouterr().err
+
+
+def _typo_config(tmp_path: Path) -> Path:
+    """HAMi's own knownMigGeometries example (v2.9 chart) with one typo, `1g.5gbx`, in the A100 entry."""
+    cm = yaml.safe_load((DATA / "known-mig-geometries.yaml").read_text())
+    text = cm["data"]["device-config.yaml"].replace("- - name: 1g.5gb\n", "- - name: 1g.5gbx\n", 1)
+    assert "1g.5gbx" in text
+    path = tmp_path / "device-config.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_cli_refuses_a_partial_migration_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = _typo_config(tmp_path)
+    out = tmp_path / "values.yaml"
+    assert main(["migrate-config", str(src), "-o", str(out)]) == 1
+    captured = capsys.readouterr()
+    assert not out.exists()
+    # Each unmapped entry is named, with the names the model offers instead; the last line says why.
+    assert "NOT MAPPED: nvidia.knownMigGeometries[1]: '1g.5gbx' is not a profile of A100-40GB" in captured.err
+    assert "it offers: 1g.5gb," in captured.err
+    assert "nothing written" in captured.err and "--allow-partial" in captured.err
+    # To stdout: nothing either.
+    assert main(["migrate-config", str(src)]) == 1
+    assert capsys.readouterr().out == ""
+
+
+def test_cli_allow_partial_writes_the_values_saying_what_was_dropped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = _typo_config(tmp_path)
+    out = tmp_path / "values.yaml"
+    assert main(["migrate-config", str(src), "-o", str(out), "--allow-partial"]) == 0
+    text = out.read_text()
+    head = text.split("deviceConfig:")[0]
+    assert "# PARTIAL (--allow-partial)" in head and "'1g.5gbx' is not a profile of A100-40GB" in head
+    assert all(line.startswith("#") for line in head.splitlines())
+    a100 = yaml.safe_load(text)["deviceConfig"]["migProfileAllowlist"][1]
+    assert "1g.5gbx" not in a100["profiles"] and "2g.10gb" in a100["profiles"]
+    # A complete migration says nothing was dropped.
+    full = tmp_path / "full.yaml"
+    assert main(["migrate-config", str(DATA / "known-mig-geometries.yaml"), "-o", str(full)]) == 0
+    assert "PARTIAL" not in full.read_text()
+
+
+def test_a_model_with_no_name_left_is_named_and_so_is_a_bad_name_of_an_unknown_model() -> None:
+    known = [
+        {"models": ["A30"], "allowedGeometries": [[{"name": "1g.5gb"}]]},
+        {"models": ["Some Future GPU"], "allowedGeometries": [[{"name": "1g.30gb"}, {"name": "one"}]]},
+    ]
+    result = migrate(_doc(known))
+    assert result.values["deviceConfig"]["migProfileAllowlist"] == [
+        {"models": ["Some Future GPU"], "profiles": ["1g.30gb"]}
+    ]
+    assert any("'1g.5gb' is not a profile of A30-24GB" in u and "1g.6gb" in u for u in result.unmapped)
+    assert any("models A30: no profile left" in u for u in result.unmapped)
+    assert any("'one' for 'Some Future GPU' is not a MIG profile name" in u for u in result.unmapped)

@@ -193,7 +193,7 @@ class ChartNodeScenario(Scenario):
         )
         self.wait_plugin()
 
-    def upgrade(self) -> None:
+    def helm_upgrade(self) -> None:
         """`helm upgrade` with the current values (e.g. after changing `image_tag`); does not wait."""
         self._helm("upgrade")
 

@@ -13,6 +13,7 @@ from api.constants import DRIVER_NAME
 from controller.allocation.decide import Decider, Decision
 from controller.claims.cel import CelEnvironment
 from controller.claims.requests import CandidateIndex
+from controller.shim.templates import LABEL_SHIM_TEMPLATE, SHIM_TEMPLATE_VERSION
 from controller.state.inventory import Inventory
 from controller.state.ledger import Ledger
 from driver.policy.allocator import PackingPolicy
@@ -88,8 +89,9 @@ def claim(
     constraints: list[dict[str, Any]] | None = None,
     config: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """A claim of the shim's shape: one request named `gpus`."""
-    return ctl_claim(
+    """A claim of the shim's shape: one request named `gpus`, labelled as generated from a shim
+    template (the strand-least firstAvailable rule applies to those only)."""
+    out = ctl_claim(
         name,
         constraints=constraints,
         first_available=first_available,
@@ -97,6 +99,8 @@ def claim(
         config=config or [],
         request_name="gpus",
     )
+    out["metadata"]["labels"] = {LABEL_SHIM_TEMPLATE: SHIM_TEMPLATE_VERSION}
+    return out
 
 
 def any_claim(name: str, mig_memory: int, hami: dict[str, Any], distinct: bool = False) -> dict[str, Any]:

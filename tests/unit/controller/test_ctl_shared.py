@@ -160,8 +160,9 @@ def test_bad_capacity_inputs_name_the_field_and_the_allowed_values() -> None:
     assert too_big.reason == ControllerReason.NO_MATCHING_DEVICE and "exceeds" in too_big.message
     on_mig = decider({}, mig={"m": ("A100-40GB", 1)})
     body = mig_body(4000) | {"capacity": {"requests": {"memory": "4000Mi"}}}
-    refused = on_mig.decide([claim("c", body)], CLASSES)
-    assert refused.reason == ControllerReason.INVALID_REQUEST and "not shareable" in refused.message
+    # Capacity on a dedicated MIG device is a filter, as upstream (test_ctl_upstream_fields).
+    filtered = on_mig.decide([claim("c", body)], CLASSES)
+    assert filtered.ok and "consumedCapacity" not in _result(filtered)
 
 
 def test_requests_round_up_to_the_published_step() -> None:
@@ -320,14 +321,15 @@ def test_canonical_quantities_from_the_api_server_match_what_was_assumed() -> No
 def test_every_shim_template_shape_is_allocated() -> None:
     """Contract C3 as the webhook writes it (controller/shim/templates.py), end to end through decide."""
     from controller.shim.legacy import Mode, Shape
-    from controller.shim.templates import claim_spec
+    from controller.shim.templates import template_for
 
     for mode in Mode:
         for mib, pct in ((4000, None), (None, 25)):
             for count in (1, 2):
                 d = decider({"h": [40960, 40960]}, mig={"m": ("A100-40GB", 2)})
-                spec = claim_spec(Shape(count, mib, pct, 30, mode))
-                c = {"metadata": {"name": "c", "namespace": "ns", "uid": "u"}, "spec": spec}
+                generated = template_for("ns", Shape(count, mib, pct, 30, mode)).body["spec"]
+                meta = {"name": "c", "namespace": "ns", "uid": "u", **generated["metadata"]}
+                c = {"metadata": meta, "spec": generated["spec"]}
                 decision = d.decide([c], CLASSES)
                 assert decision.ok, (mode, mib, pct, count, decision.message)
                 results = decision.allocations[0].results

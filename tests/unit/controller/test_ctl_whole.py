@@ -176,12 +176,15 @@ def test_first_available_falls_through_to_a_whole_gpu_and_mig_matching_selectors
     assert both.ok and "-mig-" in both.allocations[0].results[0]["device"]
 
 
-def test_capacity_requests_on_whole_gpus_are_refused() -> None:
+def test_capacity_requests_on_whole_gpus_are_a_filter() -> None:
+    # As upstream treats a device without allowMultipleAllocations: its capacity must hold the request.
     d = _decider({"h": ("H100-80GB", 1, True)})
     c = _whole("w")
     c["spec"]["devices"]["requests"][0]["exactly"]["capacity"] = {"requests": {"memory": "1Gi"}}
     decision = d.decide([c], ALL_CLASSES)
-    assert decision.reason == ControllerReason.INVALID_REQUEST and "capacity" in decision.message
+    assert decision.ok and "consumedCapacity" not in decision.allocations[0].results[0]
+    c["spec"]["devices"]["requests"][0]["exactly"]["capacity"] = {"requests": {"memory": "999Gi"}}
+    assert d.decide([c], ALL_CLASSES).reason == ControllerReason.NO_MATCHING_DEVICE
 
 
 def test_node_filter_applies_to_whole_gpus() -> None:

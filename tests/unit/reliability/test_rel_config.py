@@ -2,7 +2,7 @@
 environment variable), the file, the entry and field, and the allowed values; it reads files and writes
 nothing (no directory, socket or checkpoint, the GPUs untouched). A well-formed profile name the GPU does
 not offer is not an error (one allowlist serves many models) but a warning naming the model and what it
-offers. Rows N1-N13 of docs/reliability.md."""
+offers. Rows N1-N16 of docs/reliability.md."""
 
 from __future__ import annotations
 
@@ -13,12 +13,14 @@ from pathlib import Path
 
 import pytest
 import structlog
+import yaml
 
 from controller.shim import ShimConfigError, parse_shim_defaults
 from driver.catalog.allowlist import parse_allowlist
 from driver.catalog.discover import discover_all
 from driver.catalog.types import CatalogWarningKind
 from driver.nvml.sim import SimAdmin, SimGpuSpec, init_sim_state, open_sim
+from flexmig.migrateconfig import migrate
 from kubeletplugin.publish.slices import build_node_slices
 from kubeletplugin.settings.config import ConfigError, add_flags, load_config
 from kubeletplugin.settings.nodeconfig import NodeConfig, OperatingMode
@@ -256,3 +258,61 @@ def test_n15_a_bad_host_or_container_root_is_refused(
     node: Node, flags: dict[str, str], fragments: tuple[str, ...]
 ) -> None:
     node.refused(*fragments, **{k.replace("-", "_"): v for k, v in flags.items()})
+
+
+V29 = REPO / "tests" / "data" / "hami-v2.9" / "device-config.yaml"
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        (V29.read_text(), "nvidia.knownMigGeometries (HAMi v2.9's whole-GPU templates)"),
+        (
+            "nvidia:\n  migProfileAllowlist:\n  - models: [A30]\n    allowedGeometries: [[{name: 1g.6gb}]]\n",
+            "nvidia.migProfileAllowlist[0] has allowedGeometries",
+        ),
+        (
+            "nvidia:\n  migProfileAllowlist:\n  - models: [A30]\n    profiles: [{name: 1g.6gb, count: 4}]\n",
+            "nvidia.migProfileAllowlist[0].profiles holds {name, memory, count} templates",
+        ),
+    ],
+    ids=["v2.9-configmap", "geometries-under-allowlist", "templates-as-profiles"],
+)
+def test_n16_a_hami_v29_device_config_names_the_cause_and_migrate_config(
+    node: Node, text: str, fragment: str
+) -> None:
+    path = node.file("devices.yaml", text)
+    node.refused(
+        "--device-config (env FLEXMIG_DEVICE_CONFIG)",
+        "this looks like a HAMi device config of another version",
+        fragment,
+        f"flexmig migrate-config {path} -o values.yaml",
+        device_config=path,
+    )
+
+
+def test_n16_through_the_command_and_the_migration_it_names_is_complete(node: Node) -> None:
+    path = node.file("devices.yaml", V29.read_text())
+    argv = [x for k, v in {**node.flags, "device-config": path}.items() for x in (f"--{k}", v)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "flexmig.cli", "kubeletplugin", *argv],
+        capture_output=True, text=True, cwd=REPO, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "flexmig migrate-config" in proc.stderr
+    assert {p.name for p in node.tmp.iterdir()} == node.inputs
+    # What the message says to do works on this input: nothing dropped, and the plugin takes the result.
+    migrated = migrate(yaml.safe_load(V29.read_text()))
+    assert migrated.unmapped == []
+    fixed = node.file(
+        "migrated.yaml",
+        yaml.safe_dump(
+            {"nvidia": {"migProfileAllowlist": migrated.values["deviceConfig"]["migProfileAllowlist"]}}
+        ),
+    )
+    parser = argparse.ArgumentParser()
+    add_flags(parser)
+    args = parser.parse_args(
+        [x for k, v in {**node.flags, "device-config": fixed}.items() for x in (f"--{k}", v)]
+    )
+    assert load_config(args, env={}).allowlist

@@ -115,8 +115,8 @@ def devices(s: Shape) -> dict[str, Any]:
         "app.kubernetes.io/managed-by": "flexmig",
         "gpu.flexmig.dev/shim-template": "v1",
     }
-    # the API server stores an absent claim metadata as {}; the body says so, to compare equal when read back
-    assert body["spec"]["metadata"] == {}
+    # generated claims carry the label: the controller keeps the strand-least rule for them only
+    assert body["spec"]["metadata"] == {"labels": {"gpu.flexmig.dev/shim-template": "v1"}}
     assert set(body["spec"]) == {"metadata", "spec"} and set(body["spec"]["spec"]) == {"devices"}
     return dict(body["spec"]["spec"]["devices"])
 
