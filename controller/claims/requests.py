@@ -39,7 +39,6 @@ from controller.state.inventory import Inventory, PublishedDevice
 from driver.policy.model import GpuRef
 
 
-
 class RequestError(ValueError):
     """A claim asks for something the controller cannot allocate; the message names the field."""
 

@@ -48,6 +48,7 @@ Obj = dict[str, Any]
 ListFn = Callable[..., Any]
 
 WATCH_TIMEOUT_S = 300
+LIST_PAGE = 500  # objects per LIST page, as client-go's reflectors ask
 LIST_TIMEOUT = (10, 120)  # (connect, read) seconds: a hung LIST fails and is retried, never waits forever
 # A watch beats on every line; the server ends it after WATCH_TIMEOUT_S and the client's read timeout
 # (WATCH_TIMEOUT_S + 30) ends a silent one, so no beat for longer than this is a hung reflector.
@@ -136,23 +137,33 @@ class Reflector:
             raise  # the LoopRunner logs it and backs off
 
     def _list(self) -> None:
-        resp = self.list_fn(_preload_content=False, _request_timeout=LIST_TIMEOUT)
-        event = self._list_event(resp)
+        event = self.fresh_list()
         self.resource_version = event.resource_version
         self.relists += 1
         self.events.put(event)
 
     def fresh_list(self) -> Event:
-        """A consistent LIST now (no resourceVersion: read from etcd), as a REPLACE event for the caller
-        to apply; the watch goes on from where it was (controller/allocation/catchup.py)."""
-        return self._list_event(self.list_fn(_preload_content=False, _request_timeout=LIST_TIMEOUT))
-
-    def _list_event(self, resp: Any) -> Event:
-        body = json.loads(resp.data)
-        raw: list[Obj] = body.pop("items", None) or []
-        items = tuple(raw) if self.projection is None else self.projection.items(raw)
-        rv = str(body["metadata"]["resourceVersion"])
-        return Event(self.resource, "REPLACE", items=items, resource_version=rv)
+        """A consistent LIST now (no resourceVersion: read from etcd), as a REPLACE event; the watch
+        goes on from where it was (a new leader's catch-up, controller/allocation/catchup.py, calls this
+        too). Read in pages of `LIST_PAGE` objects, each projected before the next is read, so that
+        the memory a list costs is bounded by a page, not by the cluster; the server keeps every page
+        of one list at the first page's resourceVersion."""
+        items: list[Obj] = []
+        version = ""
+        token = ""
+        while True:
+            kwargs: dict[str, Any] = {"_preload_content": False, "_request_timeout": LIST_TIMEOUT}
+            kwargs["limit"] = LIST_PAGE
+            if token:
+                kwargs["_continue"] = token
+            body = json.loads(self.list_fn(**kwargs).data)
+            raw: list[Obj] = body.pop("items", None) or []
+            items.extend(raw if self.projection is None else self.projection.items(raw))
+            meta = body.get("metadata") or {}
+            version = version or str(meta["resourceVersion"])
+            token = str(meta.get("continue") or "")
+            if not token:
+                return Event(self.resource, "REPLACE", items=tuple(items), resource_version=version)
 
     def _lines(self) -> Iterator[str]:
         resp = self.list_fn(

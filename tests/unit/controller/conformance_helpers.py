@@ -52,7 +52,9 @@ def upstream(name: str, outcome: str) -> Callable[[F], F]:
     return register
 
 
-def decider(gpus: int = 1, nodes: tuple[str, ...] = ("node-1",), taints: dict[int, list[Any]] | None = None) -> Decider:
+def decider(
+    gpus: int = 1, nodes: tuple[str, ...] = ("node-1",), taints: dict[int, list[Any]] | None = None
+) -> Decider:
     """A100-40GB nodes with `gpus` GPUs each; `taints` puts taints on every device of GPU i."""
     slices = [copy.deepcopy(s) for n in nodes for s in node_slices(n, "A100-40GB", gpus)]
     for s in slices:
@@ -130,4 +132,9 @@ TAINT_NO_SCHEDULE = {"key": "example.com/taint", "value": "tainted", "effect": "
 TAINT_NO_EXECUTE = {"key": "example.com/taint", "value": "tainted-2", "effect": "NoExecute"}
 TAINT_NONE = {"key": "example.com/taint", "value": "tainted", "effect": "None"}
 TOL_NO_SCHEDULE = {"operator": "Exists", "key": "example.com/taint", "effect": "NoSchedule"}
-TOL_NO_EXECUTE = {"operator": "Equal", "key": "example.com/taint", "value": "tainted-2", "effect": "NoExecute"}
+TOL_NO_EXECUTE = {
+    "operator": "Equal",
+    "key": "example.com/taint",
+    "value": "tainted-2",
+    "effect": "NoExecute",
+}

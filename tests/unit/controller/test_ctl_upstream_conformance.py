@@ -26,7 +26,6 @@ from conformance_helpers import (
     TOL_NO_EXECUTE,
     TOL_NO_SCHEDULE,
     claim,
-    commit,
     decider,
     ex,
     fa,
@@ -55,7 +54,9 @@ def test_simple() -> None:
 
 @upstream("other-node", "same")
 def test_other_node() -> None:
-    other = {"spec": {"driver": "other.example.com", "nodeName": "node-1", "pool": {"name": "p"}, "devices": []}}
+    other = {
+        "spec": {"driver": "other.example.com", "nodeName": "node-1", "pool": {"name": "p"}, "devices": []}
+    }
     d = from_slices([other, *node_slices("node-2", "A100-40GB", 1)])
     decision = d.decide([claim("c", ex("req-0"))], CLASSES)
     assert decision.ok and decision.node == "node-2"
@@ -279,7 +280,9 @@ def test_prioritized_list_class_config() -> None:
 @upstream("prioritized-list-subrequests-with-expressions", "same")
 def test_prioritized_list_subrequests_with_expressions() -> None:
     c = claim(
-        "c", ex("req-0", sel=mem(4000)), fa("req-1", sub("subReq-0", sel=mem(99000)), sub("subReq-1", 2, sel=mem(9000)))
+        "c",
+        ex("req-0", sel=mem(4000)),
+        fa("req-1", sub("subReq-0", sel=mem(99000)), sub("subReq-1", 2, sel=mem(9000))),
     )
     decision = decider().decide([c], CLASSES)
     assert decision.ok and sorted(requests_of(decision)) == ["req-0", "req-1/subReq-1", "req-1/subReq-1"]
@@ -395,7 +398,9 @@ def test_consumable_capacity_multi_allocatable_device_with_exceeded_consumable_c
 
 @upstream("with-distinct-constraints-attribute-not-set", "same")
 def test_with_distinct_constraints_attribute_not_set() -> None:
-    c = claim("c", ex("req-0"), constraints=[{"requests": ["req-0"], "distinctAttribute": "gpu.flexmig.dev/nope"}])
+    c = claim(
+        "c", ex("req-0"), constraints=[{"requests": ["req-0"], "distinctAttribute": "gpu.flexmig.dev/nope"}]
+    )
     assert decider().decide([c], CLASSES).reason == ControllerReason.CONSTRAINT_UNSATISFIED
 
 

@@ -57,7 +57,7 @@ def test_a_selector_without_cel_is_refused_naming_it() -> None:
 
 def test_a_subrequest_selector_without_cel_is_refused_naming_it() -> None:
     d = _decider(node_slices("n", "A100-40GB", 1))
-    subs = [
+    subs: list[dict[str, Any]] = [
         {"name": "a", "deviceClassName": CLASS},
         {"name": "b", "deviceClassName": CLASS, "selectors": [{}]},
     ]
@@ -68,7 +68,10 @@ def test_a_subrequest_selector_without_cel_is_refused_naming_it() -> None:
 
 def test_an_unknown_constraint_is_refused_naming_it() -> None:
     d = _decider(node_slices("n", "A100-40GB", 1))
-    constraints = [{"matchAttribute": "gpu.flexmig.dev/uuid"}, {"requests": ["gpu"], "sameRack": "x"}]
+    constraints: list[dict[str, Any]] = [
+        {"matchAttribute": "gpu.flexmig.dev/uuid"},
+        {"requests": ["gpu"], "sameRack": "x"},
+    ]
     decision = d.decide([claim("c", mem(4000), constraints=constraints)], CLASSES)
     assert decision.reason == ControllerReason.INVALID_REQUEST
     assert "spec.devices.constraints[1]" in decision.message and "sameRack" in decision.message
