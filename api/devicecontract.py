@@ -11,7 +11,8 @@ Per device kind (attribute names are unqualified; a selector sees them under the
 `device.attributes["gpu.flexmig.dev"].<name>`):
 
 - whole GPU `gpu-<i>`: type "gpu", uuid, productName, model, architecture, index, migCapable,
-  memorySlices, computeSlices; capacities memory (Mi) and the engine capacities below; consumes
+  memorySlices, computeSlices, and on a MIG-capable GPU migModeChangeNeedsReset (plus migMode where
+  that is true); capacities memory (Mi) and the engine capacities below; consumes
   every counter of its GPU's counter set when MIG devices are published beside it;
 - MIG device `gpu-<i>-mig-...`: type "mig", parentUUID, the common four, profile, giProfileId,
   placementStart, placementSize, memorySlices, computeSlices, gpuMemorySlices, gpuComputeSlices;
@@ -43,6 +44,13 @@ ATTR_ARCHITECTURE: Final = "architecture"
 ATTR_INDEX: Final = "index"
 """The GPU's NVML index on its node."""
 ATTR_MIG_CAPABLE: Final = "migCapable"
+ATTR_MIG_MODE_CHANGE_NEEDS_RESET: Final = "migModeChangeNeedsReset"
+"""Whole GPU, MIG-capable only: switching MIG mode needs a GPU reset (Ampere), so flexmig never does it."""
+ATTR_MIG_MODE: Final = "migMode"
+"""Whole GPU whose mode change needs a reset: "on"/"off" as read at plugin start. Fixed until a reset
+(which needs a plugin restart anyway); Hopper+ switch at prepare, so there it would go stale and is left out."""
+MIG_MODE_ON: Final = "on"
+MIG_MODE_OFF: Final = "off"
 ATTR_MEMORY_SLICES: Final = "memorySlices"
 """Memory slices the device holds (whole GPU: all of them)."""
 ATTR_COMPUTE_SLICES: Final = "computeSlices"

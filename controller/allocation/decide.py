@@ -8,20 +8,29 @@ the idle GPUs of whole-GPU requests; this module feeds them the candidates, keep
 pod on one node, walks `firstAvailable` alternatives (earlier ones win, as in kube-scheduler, except
 that a request of a claim generated from a shim template (its `LABEL_SHIM_TEMPLATE` label) mixing MIG
 and HAMi-core alternatives takes the one stranding the least memory: controller/shared/shares.py; in
-a user's claim the order is the user's priority), enforces `matchAttribute` / `distinctAttribute` constraints, and re-checks the
-result against the published counters (MIG and whole devices) before anything is written.
+a user's claim the order is the user's priority), enforces `matchAttribute` / `distinctAttribute`
+constraints, and re-checks the result against the published counters (MIG and whole devices) before
+anything is written. `allocationMode: All` is tried node by node (controller/allocation/allmode.py);
+the rules kept from kube-scheduler's allocator (the 32-result limit, tolerations in results) are in
+controller/allocation/upstream.py. docs/native-claims.md lists every field and the differences.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 from api.constants import DRIVER_NAME
-from controller.allocation.nomatch import largest_mig_device
+from controller.allocation import allmode
+from controller.allocation.decision import (
+    ClaimAllocation,
+    ControllerReason,
+    Decision,
+    node_selector,
+    short_reason_values,
+)
+from controller.allocation.nomatch import no_match_message
 from controller.allocation.upstream import explain, one_node, result_limit, shim_claim, tolerated
 from controller.allocation.wholeplan import Checker, Unplaced, WholePlacer
 from controller.claims.constraints import Plan, Slot
@@ -43,7 +52,6 @@ from controller.shared.shares import (
     mig_stranded,
     share_result,
 )
-from controller.state.inventory import PublishedDevice
 from controller.state.ledger import Held, Ledger, ShareUse
 from driver.policy.model import AllowedTable, DeviceRequest, EndHint, GpuRef, ShortReason
 from driver.policy.placer import Placer, Policy
@@ -51,53 +59,6 @@ from driver.policy.sharemodel import SharedGpuState, ShareRequest
 from driver.policy.wholemodel import IdleGpus, WholeRequest
 
 MAX_ALTERNATIVE_COMBINATIONS = 16
-
-
-class ControllerReason(StrEnum):
-    """Reasons the controller adds to the policy's ShortReason."""
-
-    INVALID_REQUEST = "InvalidRequest"  # a claim asks for something we cannot allocate
-    NO_MATCHING_DEVICE = "NoMatchingDevice"  # selectors admit no published device of ours
-    CONSTRAINT_UNSATISFIED = "ConstraintUnsatisfied"  # matchAttribute/distinctAttribute
-    COUNTERS_EXCEEDED = "CountersExceeded"  # safety net: published counters disagree
-
-
-@dataclass(slots=True)
-class ClaimAllocation:
-    claim: Mapping[str, Any]
-    results: list[dict[str, Any]]
-    config: list[dict[str, Any]]
-    devices: list[PublishedDevice]
-    held: list[Held] = field(default_factory=list)
-
-    @property
-    def uid(self) -> str:
-        return str(self.claim["metadata"]["uid"])
-
-    @property
-    def keys(self) -> list[Held]:
-        """What the ledger counts for this claim: (pool, device) per MIG/whole device, a ShareUse per share."""
-        return list(self.held) if self.held else [(d.pool, d.name) for d in self.devices]
-
-
-@dataclass(slots=True)
-class Decision:
-    node: str | None = None
-    allocations: list[ClaimAllocation] = field(default_factory=list)
-    reason: str | None = None
-    message: str = ""
-    stranded_mib: int = 0  # memory stranded by the devices of mixed MIG/HAMi-core requests
-    isolated: int = 0  # MIG devices chosen for mixed requests (ties go to isolation)
-
-    @property
-    def ok(self) -> bool:
-        return self.reason is None
-
-
-def node_selector(node: str) -> dict[str, Any]:
-    return {
-        "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]
-    }
 
 
 Picked = list[tuple[tuple[int, ClaimRequest], Alternative]]
@@ -194,6 +155,46 @@ class Decider:
     # --- one combination ---------------------------------------------------------------------------
 
     def _try(
+        self,
+        claims: Sequence[Mapping[str, Any]],
+        classes: Mapping[str, Mapping[str, Any]],
+        picked: Picked,
+        node_ok: Callable[[str], bool] | None,
+        mixed: set[int],
+    ) -> Decision:
+        if not any(alt.all_devices for _, alt in picked):
+            return self._try_one(claims, classes, picked, node_ok, mixed)
+        wholes: dict[int, frozenset[GpuRef]] = {}
+        for i, ((_, req), alt) in enumerate(picked):
+            if not alt.all_devices:
+                continue
+            c = self._classify(req, alt)
+            if isinstance(c, Decision):
+                return c
+            if c.kind is AltKind.NONE:
+                return self._no_match(req, alt, c.mig)
+            if c.kind is not AltKind.WHOLE:
+                return Decision(
+                    reason=ControllerReason.INVALID_REQUEST, message=allmode.refusal(req, alt, c.kind)
+                )
+            wholes[i] = c.whole
+        if self._idle is None:
+            self._idle = self.ledger.idle_gpus()
+        failures = []
+        for node, expanded in allmode.variants(picked, wholes, node_ok, self._idle.refs):
+            decision = self._try_one(claims, classes, expanded, node.__eq__, mixed)  # this node only
+            if decision.ok:
+                return decision
+            failures.append(decision)
+        if not failures:
+            return Decision(
+                reason=ControllerReason.NO_MATCHING_DEVICE,
+                message="allocationMode All: no node that may take the pod has every whole GPU its "
+                "selectors admit free (a request for all devices cannot take fewer)",
+            )
+        return failures[0]
+
+    def _try_one(
         self,
         claims: Sequence[Mapping[str, Any]],
         classes: Mapping[str, Mapping[str, Any]],
@@ -317,14 +318,8 @@ class Decider:
         return Plan(placement.choices, hit[1])
 
     def _no_match(self, req: ClaimRequest, alt: Alternative, cands: Candidates) -> Decision:
-        what = f"claim {req.claim} request {alt.result_name} (class {alt.class_name})"
-        msg = f"{what}: no published MIG, whole-GPU or shared device matches its selectors"
-        largest = largest_mig_device(self.ledger.inventory)
-        if largest:
-            msg += f"; {largest}"
-        if cands.errors:
-            msg += "; " + "; ".join(cands.errors)
-        return Decision(reason=ControllerReason.NO_MATCHING_DEVICE, message=msg)
+        message = no_match_message(self.ledger.inventory, req, alt, cands.errors)
+        return Decision(reason=ControllerReason.NO_MATCHING_DEVICE, message=message)
 
     # --- result -------------------------------------------------------------------------------------
 
@@ -390,5 +385,11 @@ class Decider:
         return Decision(node=node, allocations=allocations, stranded_mib=stranded, isolated=isolated)
 
 
-def short_reason_values() -> list[str]:
-    return [r.value for r in ShortReason] + [r.value for r in ControllerReason]
+__all__ = [
+    "ClaimAllocation",
+    "ControllerReason",
+    "Decider",
+    "Decision",
+    "node_selector",
+    "short_reason_values",
+]

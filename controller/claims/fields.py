@@ -20,7 +20,7 @@ from typing import Any
 ALLOCATION_RESULTS_MAX = 32  # resourceapi.AllocationResultsMaxSize: results of one claim
 TOLERATIONS_PREFIX = "\x00tolerations:"  # never a CEL expression: it cannot start with a NUL
 _OPERATORS = ("Equal", "Exists")
-_EFFECTS = ("", "NoSchedule", "NoExecute")
+_EFFECTS = ("", "NoSchedule", "NoExecute", "None")  # None matches only informational taints
 
 
 class FieldError(ValueError):
@@ -67,7 +67,7 @@ def tolerations(where: str, body: Mapping[str, Any]) -> tuple[dict[str, Any], ..
             raise FieldError(f"{where}.tolerations[{t}].operator {operator!r}: allowed: Equal, Exists")
         if effect not in _EFFECTS:
             raise FieldError(
-                f"{where}.tolerations[{t}].effect {effect!r}: allowed: NoSchedule, NoExecute (or empty)"
+                f"{where}.tolerations[{t}].effect {effect!r}: allowed: NoSchedule, NoExecute, None (or empty)"
             )
         if operator == "Equal" and not tol.get("key"):
             raise FieldError(f"{where}.tolerations[{t}]: operator Equal needs a key (or use Exists)")

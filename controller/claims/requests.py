@@ -16,7 +16,7 @@ and no MIG or shared device is served by idle whole GPUs (driver/policy/whole.py
 gives the GPUs whose whole device it admits. Selectors admitting MIG devices as well stay MIG requests.
 
 What the controller does not allocate is refused with a message naming the field, never guessed at:
-`allocationMode: All`, `adminAccess`, a selector that is not CEL or a constraint of an unknown kind
+`allocationMode: All` on MIG or shared devices (controller/allocation/allmode.py), `adminAccess`, a selector that is not CEL or a constraint of an unknown kind
 (controller/claims/fields.py), a claim whose requests need more than 32 results, an opaque config
 for gpu.flexmig.dev that is not a known type (api/opaqueconfig.py), and a memoryPercentage config that
 applies only to requests no share can serve (or names no request of the claim). Capacity requests on
@@ -55,6 +55,7 @@ class Alternative:
     capacity_requested: bool = False  # capacity.requests present: only shared devices can serve it
     # Copied into every result (upstream does); the selectors carry them for candidate filtering.
     tolerations: tuple[dict[str, Any], ...] = field(default=(), compare=False)
+    all_devices: bool = False  # allocationMode All (whole GPUs only: controller/allocation/allmode.py)
 
     @property
     def request_name(self) -> str:
@@ -96,16 +97,13 @@ def _alternative(
     if device_class is None:
         raise RequestError(f"{where}.deviceClassName: DeviceClass {class_name!r} does not exist")
     mode = body.get("allocationMode") or "ExactCount"
-    if mode != "ExactCount":
-        raise RequestError(
-            f"{where}.allocationMode {mode!r} is not supported by the flexmig controller (MIG devices of "
-            "a GPU overlap, and shares and whole GPUs are placed one by one); use allocationMode "
-            "ExactCount with the count you need"
-        )
+    if mode not in ("ExactCount", "All"):
+        raise RequestError(f"{where}.allocationMode {mode!r} is not known; allowed: ExactCount, All")
     if body.get("adminAccess"):
         raise RequestError(
-            f"{where}.adminAccess is not supported by the flexmig controller (it allocates devices "
-            "exclusively); remove it, or allocate admin claims with kube-scheduler (scheduler mode)"
+            f"{where}.adminAccess is not supported by flexmig (its devices are allocated exclusively, "
+            "and a free MIG placement has no instance an admin could share); remove it: the devices "
+            "in use are listed in the claims' status.allocation and on the node (nvidia-smi)"
         )
     try:
         sels = fields.selectors(f"DeviceClass {class_name} spec", device_class.get("spec"))
@@ -117,7 +115,8 @@ def _alternative(
         capacity = parse_capacity_requests(where, body)
     except ShareRequestError as exc:
         raise RequestError(str(exc)) from exc
-    count = body.get("count", 1)
+    # All: every matching device of the chosen node; the decision counts them (count is not used).
+    count = 1 if mode == "All" else body.get("count", 1)
     # No upper bound here: a firstAvailable alternative asking for more than a claim holds is skipped
     # (upstream), and the claim as a whole is checked against the 32-result limit.
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
@@ -130,6 +129,7 @@ def _alternative(
         ShareSpec(capacity) if capacity is not None else None,
         capacity is not None,
         tols,
+        mode == "All",
     )
 
 

@@ -1,6 +1,7 @@
 """`flexmig status -o json|yaml`: the same view as the text of controller/views/statusview.py, as data.
 
-One document: `gpus` (MIG-capable GPUs: placements taken, by whom, what still fits, fragmentation),
+One document: `gpus` (MIG-capable GPUs: placements taken, by whom, what still fits, fragmentation;
+`migMode` "off" with `migModeChangeNeedsReset` true is an Ampere GPU waiting for MIG enable + reset),
 `sharedGpus` (hami-core GPUs: capacity and each share), `notes` (incomplete pools, allocations of
 devices nobody publishes, conflicting claims) and `summary`. Keys are camelCase like the API's; the
 shape is stable for scripts (`jq '.gpus[] | select(.fits == [])'`).
@@ -51,6 +52,8 @@ def status_document(
                 "uuid": gpu.uuid,
                 "model": gpu.catalog.model,
                 "memorySlices": view.memory_slices,
+                "migMode": view.mig_mode,
+                "migModeChangeNeedsReset": view.mig_mode_needs_reset,
                 "instances": [
                     {
                         "device": inst.device,

@@ -4,7 +4,8 @@ Input is what the API shows: the published ResourceSlices (as an `Inventory`), t
 optionally, the Pods. A device counts as taken when a claim's `status.allocation` names it (whoever
 allocated it), exactly as the controller's ledger counts it. The pod that uses a claim comes from the
 claim's `status.reservedFor`, else from its owner (a claim generated from a pod's template), else from
-a pod that references it. The realised identity (GPU instance id, MIG UUID) is kept when the node wrote
+a pod that references it. A GPU whose whole device says MIG mode is off and needs a reset to change
+(Ampere) is marked `mig_mode_off`. The realised identity (GPU instance id, MIG UUID) is kept when the node wrote
 it into the claim's `status.devices[].data` at prepare. Shared (HAMi-core) devices are held by many
 claims, one share each (controller/shared/view.py), so they are never reported as conflicts.
 
@@ -148,6 +149,13 @@ class GpuView:
     instances: tuple[Instance, ...]
     whole: Holder | None  # the whole-GPU device's holder, when it is allocated
     problems: tuple[str, ...]
+    mig_mode: str | None = None  # published only where a change needs a reset (api/devicecontract.py)
+    mig_mode_needs_reset: bool | None = None  # None: not MIG-capable, or an older node plugin
+
+    @property
+    def mig_mode_off(self) -> bool:
+        """MIG stays off until an administrator enables it and resets the GPU (Ampere)."""
+        return self.mig_mode == dc.MIG_MODE_OFF and bool(self.mig_mode_needs_reset)
 
     @property
     def memory_slices(self) -> int:
@@ -198,4 +206,15 @@ def gpu_view(gpu: InventoryGpu, inventory: Inventory, holders: Mapping[DeviceKey
     whole = holders.get((gpu.pool, gpu.whole_device)) if gpu.whole_device is not None else None
     if whole is not None and instances:
         problems.append(f"whole GPU allocated to {whole.claim} while MIG devices are allocated too")
-    return GpuView(gpu, occ, tuple(instances), whole, tuple(problems))
+    dev = inventory.device((gpu.pool, gpu.whole_device)) if gpu.whole_device is not None else None
+    mode = dev.attribute(dc.ATTR_MIG_MODE) if dev is not None else None
+    needs_reset = dev.attribute(dc.ATTR_MIG_MODE_CHANGE_NEEDS_RESET) if dev is not None else None
+    return GpuView(
+        gpu,
+        occ,
+        tuple(instances),
+        whole,
+        tuple(problems),
+        None if mode is None else str(mode),
+        None if needs_reset is None else bool(needs_reset),
+    )

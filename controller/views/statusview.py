@@ -4,7 +4,8 @@ The values come from controller/views/statusmodel.py (claims and pods read into 
 GPU); a claim no pod can be found for is shown by its own name with `pod ?`. The realised identity (GPU
 instance id, MIG UUID) is shown when the node wrote it at prepare, else "(not prepared yet)".
 
-Per GPU the output is a header, a bar with one cell per memory slice (an instance spans the cells of
+Per GPU the output is a header (followed by "MIG mode off ..." and the fix for an Ampere GPU whose
+node published it with MIG off), a bar with one cell per memory slice (an instance spans the cells of
 its placement), one line per instance, and a summary: free memory and compute slices, fragmentation
 (driver/placement/fragmentation.py) and the instances of each allowed profile that can still be added.
 Shared (HAMi-core) GPUs are drawn by controller/shared/view.py: many claims hold one device, one share
@@ -95,6 +96,8 @@ def _gpu_lines(view: GpuView, paint: _Painter) -> list[str]:
     if gpu.uuid:
         title += f"  {gpu.uuid}"
     lines = [paint(title, _BOLD)]
+    if view.mig_mode_off:
+        lines.append("  " + paint(mig_mode_off_line(gpu.ref.gpu_index), _WARN))
     if not catalog.profiles and gpu.whole_device is not None and view.whole is None:
         lines.append("  " + paint(_segment("whole GPU free", max(catalog.memory_slices, 4)), _FREE))
         lines.append("  MIG devices not published (whole GPU only)")
@@ -128,6 +131,13 @@ def _gpu_lines(view: GpuView, paint: _Painter) -> list[str]:
     lines.append(f"  still fits: {fits_text}")
     lines.extend("  " + paint(f"warning: {p}", _WARN) for p in view.problems)
     return lines
+
+
+def mig_mode_off_line(index: int) -> str:
+    return (
+        f"MIG mode off (needs a GPU reset to change): for MIG devices run `nvidia-smi -i {index} -mig 1`"
+        " on the node, reset the GPU or reboot, then restart the flexmig kubelet plugin"
+    )
 
 
 def _holder_line(where: str, profile: str, device: str, holder: Holder, paint: _Painter) -> str:

@@ -20,6 +20,8 @@ knowing"). A GPU reset that changes an Ampere
 GPU's mode therefore needs a plugin restart, which an administrator doing a reset does anyway.
 One exception: a GPU whose NVML refused profile queries with MIG off is re-read once MIG is on, and
 republished if NVML disagrees with what was published (kubeletplugin/publish/inventory.py, docs/hardware.md).
+An Ampere GPU whose MIG mode is off where MIG is wanted is reported at start and on every reconcile
+pass (kubeletplugin/agent/migmodecheck.py).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from driver.nvml.types import GpuInfo, NvmlError
 from kubeletplugin.agent.crashpoints import Crashpoints
 from kubeletplugin.agent.health import NvmlHealthSource
 from kubeletplugin.agent.metrics import MetricsServer, NodeMetrics
+from kubeletplugin.agent.migmodecheck import MigModeMonitor
 from kubeletplugin.agent.nodelock import NodeBusy, NodeLock, check_sockets_free
 from kubeletplugin.checkpoint.model import CheckpointCorrupt
 from kubeletplugin.checkpoint.periodic import PeriodicReconciler
@@ -53,7 +56,7 @@ from kubeletplugin.grpcserver import PluginServers, install_signal_handlers
 from kubeletplugin.grpcserver.server import socket_in_use, socket_paths
 from kubeletplugin.kube.access import AccessDenied, AccessUnknown, api_review, check_access, whoami
 from kubeletplugin.kube.kubeapi import REQUEST_TIMEOUT, KubeClaimApi
-from kubeletplugin.kube.nodeevents import report_shares
+from kubeletplugin.kube.nodeevents import post_node_event, report_shares
 from kubeletplugin.kube.statuswriter import StatusWriter
 from kubeletplugin.prepare.cdiwriter import host_spec_writer
 from kubeletplugin.prepare.migmode import MigModeManager
@@ -236,6 +239,16 @@ class NodeAgent:
         # Catalogs NVML refused while MIG was off are checked once MIG is on; a difference republishes.
         build = verifying_builder(CatalogVerifier(nvml, catalogs, cfg.allowlist), inventory, build_from)
         report_shares(api_client, cfg, node_uid, published, metrics)
+        # An Ampere GPU with MIG off waits for an administrator: say so (log, metric, Node event).
+        mig_check = MigModeMonitor(
+            ops,
+            catalogs,
+            cfg.node_config,
+            cfg.allowlist,
+            metrics,
+            lambda reason, message: post_node_event(api_client, cfg.node_name, node_uid, reason, message),
+        )
+        mig_check.check()
         for g in published.gpus:
             log.info(
                 "GPU publication",
@@ -316,6 +329,7 @@ class NodeAgent:
 
         def reconcile_pass() -> None:
             periodic.run_once()
+            mig_check.check()  # cheap (one NVML query per GPU); logs only what changed
 
         try:
             reconcile_pass()  # before the first publish: never offer a device a foreign instance holds

@@ -2,7 +2,8 @@
 
 `hami_mig_device_info` is about MIG instances only. HAMi-core shares of a hami-core node have their own
 series: `flexmig_hami_core_library_present{node}` (0 = shares are not enforced) and, per shared GPU,
-`flexmig_node_shared_gpu_{shares,memory_mib,cores}_in_use`.
+`flexmig_node_shared_gpu_{shares,memory_mib,cores}_in_use`. Per MIG-capable GPU,
+`flexmig_node_gpu_mig_mode` and `flexmig_node_gpu_mig_mode_needs_reset` (kubeletplugin/agent/migmodecheck.py).
 
 Each plugin process owns one `NodeMetrics` with its own registry, so tests can run several plugins in
 one interpreter without label collisions.
@@ -156,6 +157,20 @@ class NodeMetrics:
             " missing, published anyway: --unenforced-shares=publish) or refused (library missing,"
             " nothing shared: the default)",
             ["state"],
+            registry=self.registry,
+        )
+        mig_mode_labels = ["gpu", "uuid", "model"]
+        self.gpu_mig_mode = Gauge(
+            "flexmig_node_gpu_mig_mode",
+            "MIG mode of a MIG-capable GPU as last read (1 on, 0 off)",
+            mig_mode_labels,
+            registry=self.registry,
+        )
+        self.gpu_mig_mode_needs_reset = Gauge(
+            "flexmig_node_gpu_mig_mode_needs_reset",
+            "1 when MIG is wanted on this GPU (mig node, model allowed) but its MIG mode is off and only"
+            " an administrator can switch it: nvidia-smi -i <gpu> -mig 1, then a GPU reset (Ampere)",
+            mig_mode_labels,
             registry=self.registry,
         )
         shared_labels = ["gpu", "uuid"]

@@ -4,7 +4,8 @@ Pure: no I/O. The devices are plain camelCase dicts, put into ResourceSlices by
 kubeletplugin/publish/slices.py, which also decides per GPU which of them appear. For GPU i:
 - counter set `gpu-<i>-counter-set`: `memory-slice-<k>` = 1 for every memory slice, plus capacity
   counters `memory` (Mi), `multiprocessors`, `copy-engines`, `decoders`, `encoders`, `jpegs`, `ofas`;
-- whole-GPU device `gpu-<i>` consuming every counter of the set, so it excludes every MIG device;
+- whole-GPU device `gpu-<i>` consuming every counter of the set, so it excludes every MIG device; on a
+  MIG-capable GPU it says whether a MIG mode change needs a reset, and there the current MIG mode;
 - one MIG device per allowed (profile, placement), consuming the memory slices `[start, start+size)` and
   its capacities; two placements that overlap share a memory-slice counter, so no counter-honouring
   allocator can hand out both.
@@ -111,7 +112,21 @@ def _counter_set(catalog: GpuCatalog, totals: Mapping[str, int]) -> dict[str, An
     return {"name": counter_set_name(catalog.gpu.index), "counters": counters}
 
 
-def _whole_device(catalog: GpuCatalog, counter_set: Mapping[str, Any] | None) -> dict[str, Any]:
+def _mig_mode_attributes(catalog: GpuCatalog, mig_enabled: bool) -> dict[str, Any]:
+    """What an operator needs to see a GPU waiting for an administrator's MIG enable + reset."""
+    gpu = catalog.gpu
+    if not gpu.mig_capable:
+        return {}
+    needs_reset = gpu.architecture.mig_toggle_needs_reset
+    attrs: dict[str, Any] = {dc.ATTR_MIG_MODE_CHANGE_NEEDS_RESET: {"bool": needs_reset}}
+    if needs_reset:  # only there is the start-time mode still true later (see dc.ATTR_MIG_MODE)
+        attrs[dc.ATTR_MIG_MODE] = _attr_str(dc.MIG_MODE_ON if mig_enabled else dc.MIG_MODE_OFF)
+    return attrs
+
+
+def _whole_device(
+    catalog: GpuCatalog, counter_set: Mapping[str, Any] | None, mig_enabled: bool
+) -> dict[str, Any]:
     gpu = catalog.gpu
     capacity = {dc.CAP_MEMORY: {"value": dc.dimension_quantity(dc.MEMORY_DIMENSION, gpu.memory_total_mib)}}
     for dim, attr in _DIMENSIONS[1:]:
@@ -127,6 +142,7 @@ def _whole_device(catalog: GpuCatalog, counter_set: Mapping[str, Any] | None) ->
             dc.ATTR_MIG_CAPABLE: {"bool": gpu.mig_capable},
             dc.ATTR_MEMORY_SLICES: {"int": catalog.memory_slices},
             dc.ATTR_COMPUTE_SLICES: {"int": catalog.compute_slices},
+            **_mig_mode_attributes(catalog, mig_enabled),
         },
         "capacity": capacity,
     }
@@ -171,7 +187,7 @@ def _mig_device(
 
 
 def gpu_devices(
-    catalog: GpuCatalog, whole: bool, mig: bool
+    catalog: GpuCatalog, whole: bool, mig: bool, mig_enabled: bool = False
 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     counter_set = _counter_set(catalog, capacity_counter_totals(catalog)) if mig else None
     devices: list[dict[str, Any]] = []
@@ -189,5 +205,5 @@ def gpu_devices(
         )
         devices.extend(_mig_device(catalog, p, pl.start, pl.size, counter_set["name"]) for p, pl in ordered)
     if whole:
-        devices.append(_whole_device(catalog, counter_set))
+        devices.append(_whole_device(catalog, counter_set, mig_enabled))
     return counter_set, devices

@@ -188,7 +188,11 @@ def build_node_slices(
             else gpu_decision(catalog, mig_enabled.get(gpu.index, False), node_config)
         )
         reason = refused_reason + reason
-        counter_set, devices = gpu_devices(catalog, whole, mig) if whole or mig else (None, [])
+        counter_set, devices = (
+            gpu_devices(catalog, whole, mig, mig_enabled.get(gpu.index, False))
+            if whole or mig
+            else (None, [])
+        )
         if counter_set is not None:
             counter_sets.append(counter_set)
         if devices:

@@ -29,7 +29,12 @@ F = TypeVar("F", bound=Callable[..., None])
 
 OTHER = "other.example.com"  # a class selecting another driver's devices: nothing of ours matches
 CLASS_B = "class-b"
+WHOLE = "gpu.flexmig.dev"  # whole GPUs (published next to the MIG devices of a Hopper GPU)
 CLASSES: dict[str, Any] = {
+    WHOLE: {
+        "metadata": {"name": WHOLE},
+        "spec": {"selectors": [{"cel": {"expression": f'device.attributes["{DRIVER_NAME}"].type == "gpu"'}}]},
+    },
     CLASS: {
         "metadata": {"name": CLASS},
         "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}]},
@@ -53,10 +58,14 @@ def upstream(name: str, outcome: str) -> Callable[[F], F]:
 
 
 def decider(
-    gpus: int = 1, nodes: tuple[str, ...] = ("node-1",), taints: dict[int, list[Any]] | None = None
+    gpus: int = 1,
+    nodes: tuple[str, ...] = ("node-1",),
+    taints: dict[int, list[Any]] | None = None,
+    model: str = "A100-40GB",
 ) -> Decider:
-    """A100-40GB nodes with `gpus` GPUs each; `taints` puts taints on every device of GPU i."""
-    slices = [copy.deepcopy(s) for n in nodes for s in node_slices(n, "A100-40GB", gpus)]
+    """Nodes of `model` GPUs (A100-40GB: MIG devices only; H100-80GB: whole GPUs as well), `gpus` each;
+    `taints` puts taints on every device of GPU i."""
+    slices = [copy.deepcopy(s) for n in nodes for s in node_slices(n, model, gpus)]
     for s in slices:
         for dev in s["spec"].get("devices") or ():
             for i, ts in (taints or {}).items():

@@ -15,16 +15,11 @@ import re
 from collections import Counter
 from pathlib import Path
 
-import shared_helpers as sh
 from conformance_helpers import (
     CLASS_B,
     CLASSES,
     OUTCOMES,
-    TAINT_NO_EXECUTE,
-    TAINT_NO_SCHEDULE,
-    TAINT_NONE,
-    TOL_NO_EXECUTE,
-    TOL_NO_SCHEDULE,
+    WHOLE,
     claim,
     decider,
     ex,
@@ -40,6 +35,7 @@ from ctl_helpers import CLASS, mem, node_slices
 
 from controller.allocation.decide import ControllerReason, node_selector
 
+H100 = "H100-80GB"
 BIG = mem(40000)  # only 7g.40gb: one per A100-40GB
 INVALID = ControllerReason.INVALID_REQUEST
 
@@ -121,17 +117,41 @@ def test_already_allocated_devices() -> None:
     assert not d.decide([claim("c", ex("req-0", sel=BIG))], CLASSES).ok
 
 
-@upstream("all-devices-single", "refused")
+def _all(cls: str = WHOLE) -> dict[str, object]:
+    return claim("c", ex("req-0", cls=cls, allocationMode="All"))
+
+
+@upstream("all-devices-single", "same")
 def test_all_devices_single() -> None:
-    decision = decider().decide([claim("c", ex("req-0", allocationMode="All"))], CLASSES)
-    assert decision.reason == INVALID and "requests[req-0].exactly.allocationMode" in decision.message
+    decision = decider(model=H100).decide([_all()], CLASSES)
+    assert decision.ok and [r["device"] for r in decision.allocations[0].results] == ["gpu-0"]
 
 
-@upstream("prioritized-list-allocation-mode-all", "refused")
+@upstream("all-devices-many", "same")
+def test_all_devices_many() -> None:
+    decision = decider(gpus=2, model=H100).decide([_all()], CLASSES)
+    assert decision.ok
+    assert sorted(r["device"] for r in decision.allocations[0].results) == ["gpu-0", "gpu-1"]
+
+
+@upstream("all-devices-some-allocated", "same")
+def test_all_devices_some_allocated() -> None:
+    d = decider(gpus=2, model=H100)
+    fill(d, 9000, 1)  # a MIG device on one GPU: that whole GPU is in use
+    assert not d.decide([_all()], CLASSES).ok
+
+
+@upstream("all-devices-no-slices", "same")
+def test_all_devices_no_slices() -> None:
+    assert not from_slices([]).decide([_all()], CLASSES).ok
+
+
+@upstream("prioritized-list-allocation-mode-all", "same")
 def test_prioritized_list_allocation_mode_all() -> None:
-    c = claim("c", fa("req-0", sub("subReq-0", allocationMode="All"), sub("subReq-1")))
-    decision = decider().decide([c], CLASSES)
-    assert decision.reason == INVALID and "firstAvailable[subReq-0].allocationMode" in decision.message
+    d = decider(gpus=2, model=H100)
+    fill(d, 9000, 1)
+    c = claim("c", fa("req-0", sub("subReq-0", cls=WHOLE, allocationMode="All"), sub("subReq-1", cls=WHOLE)))
+    assert requests_of(d.decide([c], CLASSES)) == ["req-0/subReq-1"]
 
 
 @upstream("admin-access-enabled", "refused")
@@ -303,125 +323,9 @@ def test_prioritized_list_max_allocation_limit_request() -> None:
     assert len(requests_of(decision)) == 32
 
 
-@upstream("tainted-two-devices", "same")
-def test_tainted_two_devices() -> None:
-    d = decider(gpus=2, taints={0: [TAINT_NO_SCHEDULE], 1: [TAINT_NO_EXECUTE]})
-    assert d.decide([claim("c", ex("req-0"))], CLASSES).reason == ControllerReason.NO_MATCHING_DEVICE
-
-
-@upstream("tainted-one-device-two-taints", "same")
-def test_tainted_one_device_two_taints() -> None:
-    d = decider(taints={0: [TAINT_NO_SCHEDULE, TAINT_NO_EXECUTE]})
-    assert not d.decide([claim("c", ex("req-0"))], CLASSES).ok
-
-
-@upstream("tainted-two-devices-tolerated", "same")
-def test_tainted_two_devices_tolerated() -> None:
-    d = decider(gpus=2, taints={0: [TAINT_NO_SCHEDULE], 1: [TAINT_NO_EXECUTE]})
-    decision = d.decide([claim("c", ex("req-0", tolerations=[TOL_NO_EXECUTE]))], CLASSES)
-    assert decision.ok
-    (result,) = decision.allocations[0].results
-    assert result["device"].startswith("gpu-1-") and result["tolerations"] == [TOL_NO_EXECUTE]
-
-
-@upstream("tainted-two-devices-prioritized-list-tolerated", "same")
-def test_tainted_two_devices_prioritized_list_tolerated() -> None:
-    d = decider(gpus=2, taints={0: [TAINT_NO_SCHEDULE], 1: [TAINT_NO_EXECUTE]})
-    c = claim("c", fa("req-0", sub("subReq-0"), sub("subReq-1", tolerations=[TOL_NO_EXECUTE])))
-    (result,) = d.decide([c], CLASSES).allocations[0].results
-    assert result["request"] == "req-0/subReq-1" and result["tolerations"] == [TOL_NO_EXECUTE]
-
-
-@upstream("tainted-no-effect", "same")
-def test_tainted_no_effect() -> None:
-    decision = decider(taints={0: [TAINT_NONE]}).decide([claim("c", ex("req-0"))], CLASSES)
-    assert decision.ok and "tolerations" not in decision.allocations[0].results[0]
-
-
-@upstream("tainted-one-device-two-taints-both-tolerated", "same")
-def test_tainted_one_device_two_taints_both_tolerated() -> None:
-    d = decider(taints={0: [TAINT_NO_SCHEDULE, TAINT_NO_EXECUTE]})
-    decision = d.decide([claim("c", ex("req-0", tolerations=[TOL_NO_SCHEDULE, TOL_NO_EXECUTE]))], CLASSES)
-    assert decision.ok
-    assert decision.allocations[0].results[0]["tolerations"] == [TOL_NO_SCHEDULE, TOL_NO_EXECUTE]
-
-
-@upstream("tainted-prioritized-list", "same")
-def test_tainted_prioritized_list() -> None:
-    c = claim("c", fa("req-0", sub("subReq-0", cls=CLASS_B), sub("subReq-1")))
-    assert not decider(taints={0: [TAINT_NO_SCHEDULE]}).decide([c], CLASSES).ok
-
-
-@upstream("tainted-admin-access", "refused")
-def test_tainted_admin_access() -> None:
-    # Upstream does not allocate either (the taint), but flexmig refuses adminAccess first.
-    d = decider(taints={0: [TAINT_NO_SCHEDULE]})
-    assert d.decide([claim("c", ex("req-0", adminAccess=True))], CLASSES).reason == INVALID
-
-
-@upstream("tainted-all-devices-single", "refused")
-def test_tainted_all_devices_single() -> None:
-    d = decider(taints={0: [TAINT_NO_SCHEDULE]})
-    assert d.decide([claim("c", ex("req-0", allocationMode="All"))], CLASSES).reason == INVALID
-
-
-@upstream("consumable-capacity-dedicated-device-with-consumable-capacity-request", "same")
-def test_consumable_capacity_dedicated_device_with_consumable_capacity_request() -> None:
-    c = claim("c", ex("req-0", capacity={"requests": {"memory": "4000Mi"}}))
-    decision = decider().decide([c], CLASSES)
-    assert decision.ok and "consumedCapacity" not in decision.allocations[0].results[0]
-
-
-@upstream("consumable-capacity-dedicated-device-with-multiple-consumable-capacity-request", "same")
-def test_consumable_capacity_dedicated_device_with_multiple_consumable_capacity_request() -> None:
-    # Two claims on the one device that holds the capacity: a dedicated device is not shared.
-    big = {"requests": {"memory": "40000Mi"}}
-    d = decider()
-    claims = [claim("c0", ex("req-0", capacity=big)), claim("c1", ex("req-0", capacity=big))]
-    assert not d.decide(claims, CLASSES).ok
-
-
-@upstream("consumable-capacity-multi-allocatable-device-with-range-policy-with-capacity-request", "same")
-def test_consumable_capacity_multi_allocatable_device_with_range_policy_with_capacity_request() -> None:
-    d = sh.decider({"node-1": [16000]})
-    claims = [sh.claim(f"c{i}", sh.hami_body(memory=1000)) for i in range(2)]
-    decision = d.decide(claims, sh.CLASSES)
-    assert decision.ok and {r["device"] for a in decision.allocations for r in a.results} == {"gpu-0-shared"}
-
-
-@upstream("consumable-capacity-multi-allocatable-device-with-exceeded-consumable-capacity-request", "same")
-def test_consumable_capacity_multi_allocatable_device_with_exceeded_consumable_capacity_request() -> None:
-    d = sh.decider({"node-1": [16000]})
-    claims = [sh.claim("c0", sh.hami_body(memory=8000)), sh.claim("c1", sh.hami_body(memory=9000))]
-    assert not d.decide(claims, sh.CLASSES).ok
-
-
-@upstream("with-distinct-constraints-attribute-not-set", "same")
-def test_with_distinct_constraints_attribute_not_set() -> None:
-    c = claim(
-        "c", ex("req-0"), constraints=[{"requests": ["req-0"], "distinctAttribute": "gpu.flexmig.dev/nope"}]
-    )
-    assert decider().decide([c], CLASSES).reason == ControllerReason.CONSTRAINT_UNSATISFIED
-
-
-@upstream("distinct-constraint-one-multi-allocatable-device-with-distinct-constraint", "same")
-def test_distinct_constraint_one_multi_allocatable_device_with_distinct_constraint() -> None:
-    d = sh.decider({"node-1": [16000]})
-    c = sh.claim("c", sh.hami_body(memory=1000, count=2))
-    c["spec"]["devices"]["constraints"] = [{"distinctAttribute": "gpu.flexmig.dev/uuid"}]
-    assert not d.decide([c], sh.CLASSES).ok
-
-
-@upstream("distinct-constraint-two-multi-allocatable-devices-with-distinct-constraint", "same")
-def test_distinct_constraint_two_multi_allocatable_devices_with_distinct_constraint() -> None:
-    d = sh.decider({"node-1": [16000, 16000]})
-    c = sh.claim("c", sh.hami_body(memory=1000, count=2))
-    c["spec"]["devices"]["constraints"] = [{"distinctAttribute": "gpu.flexmig.dev/uuid"}]
-    decision = d.decide([c], sh.CLASSES)
-    assert decision.ok and len({r["device"] for r in decision.allocations[0].results}) == 2
-
-
 def test_outcome_counts_are_the_documented_ones() -> None:
+    import test_ctl_upstream_conformance_devices  # noqa: F401  (registers its cases in OUTCOMES)
+
     doc = (Path(__file__).parents[3] / "docs" / "native-claims.md").read_text()
     found = re.search(r"same: (\d+), refused: (\d+), different: (\d+)", doc)
     assert found, "docs/native-claims.md must state the counts as 'same: N, refused: N, different: N'"

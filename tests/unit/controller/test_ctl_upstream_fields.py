@@ -170,7 +170,7 @@ def test_a_tainted_device_is_not_given_to_a_request_without_a_toleration() -> No
     assert decision.ok and _gpus(decision) == {"gpu-1"}
     assert "tolerations" not in decision.allocations[0].results[0]
     every = _tainted(1, {0}).decide([claim("c", mem(4000))], CLASSES)
-    assert every.reason == ControllerReason.NO_MATCHING_DEVICE
+    assert every.reason == ControllerReason.NO_MATCHING_DEVICE and "tainted" in every.message
 
 
 def test_a_tolerated_taint_allows_the_device_and_the_result_carries_the_tolerations() -> None:
@@ -243,3 +243,24 @@ def test_capacity_on_a_dedicated_mig_device_is_a_filter() -> None:
     assert "consumedCapacity" not in result and "shareID" not in result
     too_big = claim("c", exactly={"deviceClassName": CLASS, "capacity": {"requests": {"memory": "99Gi"}}})
     assert d.decide([too_big], CLASSES).reason == ControllerReason.NO_MATCHING_DEVICE
+
+
+def test_a_capacity_request_on_mig_devices_has_a_pod_size() -> None:
+    # Sized like the selector it becomes (controller/claims/resultconfig.py `dedicated`), not unknown.
+    from controller.allocation.podsize import pod_size
+
+    d = _decider(node_slices("n", "A100-40GB", 1))
+    c = claim("c", exactly={"deviceClassName": CLASS, "capacity": {"requests": {"memory": "9000Mi"}}})
+    pod = {
+        "metadata": {"name": "p", "namespace": "ns"},
+        "spec": {"resourceClaims": [{"name": "c", "resourceClaimName": "c"}]},
+    }
+    size = pod_size(pod, {"ns/c": c}, CLASSES, d.index)
+    assert size is not None and size.devices == 1 and size.memory_mib >= 9000
+
+
+def test_a_class_selector_without_cel_is_refused_naming_the_class() -> None:
+    classes = {CLASS: {"metadata": {"name": CLASS}, "spec": {"selectors": [{"future": {}}]}}}
+    decision = _decider(node_slices("n", "A100-40GB", 1)).decide([claim("c", mem(4000))], classes)
+    assert decision.reason == ControllerReason.INVALID_REQUEST
+    assert f"DeviceClass {CLASS} spec.selectors[0]" in decision.message

@@ -107,7 +107,7 @@ def test_c9_count_1000_is_refused_with_the_allowed_range() -> None:
     c = _a100()
     c.submit("p", _mig_claim("a", count=1000))
     c.assert_refused(
-        "p", "InvalidRequest", "claim ns/a spec.devices.requests[gpu].exactly.count", "1..32", "got 1000"
+        "p", "InvalidRequest", "claim ns/a spec.devices.requests ask for 1000 devices", "at most 32"
     )
 
 
@@ -123,8 +123,8 @@ def test_c10_allocation_mode_all_on_a_busy_node_is_refused_and_touches_no_alloca
     c.assert_refused(
         "p",
         "InvalidRequest",
-        "claim ns/all spec.devices.requests[gpu].exactly.allocationMode 'All'",
-        "allowed: ExactCount",
+        "claim ns/all spec.devices.requests[gpu].allocationMode All",
+        "use allocationMode ExactCount",
     )
     assert c.controller.cache["resourceclaims"]["ns/held"]["status"]["allocation"] == held
     assert dict(c.controller.ledger.owners) == owners_before
@@ -138,11 +138,12 @@ def test_c11_a_device_class_that_does_not_exist_is_named() -> None:
     )
 
 
-def test_c12_capacity_asked_of_mig_devices_is_refused() -> None:
+def test_c12_capacity_asked_of_mig_devices_is_a_filter() -> None:
+    # As upstream for devices without allowMultipleAllocations: the device must hold the request.
     c = _a100()
-    body = mig_body(4000) | {"capacity": {"requests": {"memory": "4000Mi"}}}
+    body = mig_body(4000) | {"capacity": {"requests": {"memory": "99Gi"}}}
     c.submit("p", claim("a", exactly=body))
-    c.assert_refused("p", "InvalidRequest", "claim ns/a", "capacity", "hami-core.gpu.flexmig.dev")
+    c.assert_refused("p", "NoMatchingDevice", "claim ns/a request gpu", "no published MIG")
 
 
 def test_c13_a_share_larger_than_any_gpu_names_the_size() -> None:
