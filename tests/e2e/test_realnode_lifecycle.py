@@ -283,7 +283,13 @@ def driver_objects(sc: ChartNodeScenario) -> dict[str, list[str]]:
         if DRIVER_NAME in h["metadata"]["name"]
     ]
     return {
-        "slices": [s["metadata"]["name"] for s in slices if s["spec"]["driver"] == DRIVER_NAME],
+        # This node's only: other tests' nodes on the same control plane keep theirs.
+        "slices": [
+            s["metadata"]["name"]
+            for s in slices
+            if s["spec"]["driver"] == DRIVER_NAME
+            and sc.node_name in (s["spec"].get("nodeName"), (s["spec"].get("pool") or {}).get("name"))
+        ],
         "classes": [c["metadata"]["name"] for c in classes if c["metadata"]["name"].endswith(DRIVER_NAME)],
         "webhooks": hooks,
         "chart pods": [p["metadata"]["name"] for p in sc.pods(sc.namespace)],
