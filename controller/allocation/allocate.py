@@ -121,9 +121,18 @@ class PodAllocation:
         except (ClaimsPending, KeyError) as exc:
             self._unplaced(pod, pending, "WaitingForClaims", f"waiting for the pod's claims: {exc}")
             return
-        if self.uncertain.any_of(str(c["metadata"].get("uid")) for c in claims.values()):
+        unsure = sorted(
+            c["metadata"]["name"]
+            for c in claims.values()
+            if str(c["metadata"].get("uid")) in self.uncertain.entries
+        )
+        if unsure:
             # Possibly allocated: deciding it again could give the pod a second set of devices.
-            self._unplaced(pod, pending, "WaitingForClaims", "waiting to learn whether a claim write landed")
+            message = (
+                f"the answer to the write of claim {', '.join(unsure)} was lost; waiting for a read or the "
+                "watch to show whether it landed before deciding again"
+            )
+            self._unplaced(pod, pending, ControllerReason.WRITE_OUTCOME_UNKNOWN.value, message)
             return
         todo = [c for c in claims.values() if not (c.get("status") or {}).get("allocation")]
         if todo:

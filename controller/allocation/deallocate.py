@@ -27,21 +27,26 @@ def has_finalizer(claim: Obj) -> bool:
 
 
 def needs_attention(
-    claim: Obj, pod_alive: Callable[[str], bool], claim_in_use: Callable[[str], bool]
+    claim: Obj,
+    pod_alive: Callable[[str], bool],
+    claim_in_use: Callable[[str], bool],
+    pod_gated: Callable[[str], bool] = lambda _uid: False,
 ) -> str | None:
     """What to do with one claim: 'deallocate', 'release' (drop finalizer only) or None."""
     if not has_finalizer(claim):
         return None
     status = claim.get("status") or {}
     meta = claim["metadata"]
+    owner = (meta.get("annotations") or {}).get(ALLOCATED_FOR_ANNOTATION, "")
     if not status.get("allocation"):
-        return "release"
+        # Still gated: our own allocation of it is under way (or its write was refused or did not
+        # land, controller/allocation/uncertain.py), not cleared by someone else; the retry keeps it.
+        return None if owner and pod_gated(owner) else "release"
     if status.get("reservedFor"):
         return None
     key = f"{meta.get('namespace')}/{meta.get('name')}"
     if meta.get("deletionTimestamp"):
         return "deallocate"
-    owner = (meta.get("annotations") or {}).get(ALLOCATED_FOR_ANNOTATION, "")
     if (owner and pod_alive(owner)) or claim_in_use(key):
         return None
     return "deallocate"

@@ -23,6 +23,7 @@ class ControllerReason(StrEnum):
     NO_MATCHING_DEVICE = "NoMatchingDevice"  # selectors admit no published device of ours
     CONSTRAINT_UNSATISFIED = "ConstraintUnsatisfied"  # matchAttribute/distinctAttribute
     COUNTERS_EXCEEDED = "CountersExceeded"  # safety net: published counters disagree
+    WRITE_OUTCOME_UNKNOWN = "WriteOutcomeUnknown"  # a claim write's answer was lost (uncertain.py)
 
 
 @dataclass(slots=True)

@@ -390,7 +390,12 @@ class Controller(PodAllocation):
         claim = self.cache["resourceclaims"].get(key)
         if claim is None:
             return
-        action = needs_attention(claim, lambda uid: uid in self.pods_by_uid, self.live_refs.in_use)
+        action = needs_attention(
+            claim,
+            lambda uid: uid in self.pods_by_uid,
+            self.live_refs.in_use,
+            lambda uid: uid in self.pods_by_uid and is_gated(self.pods_by_uid[uid]),
+        )
         if action is None:
             return
         assert self.writer is not None

@@ -14,7 +14,7 @@ deadline shows the claim still at that version (the write did not apply, and wit
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,9 +63,6 @@ class UncertainClaims:
             write=what,
             based_on=resource_version(claim),
         )
-
-    def any_of(self, uids: Iterable[str]) -> bool:
-        return any(uid in self.entries for uid in uids)
 
     def settle(self, writer: Writer, store: Store, ledger: Ledger) -> list[str]:
         """Settle what the watch already shows, and read what is due; the uids settled."""

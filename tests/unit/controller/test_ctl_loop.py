@@ -133,7 +133,8 @@ def test_a_second_write_with_an_unknown_outcome_undoes_nothing_and_holds_both(er
     assert not writer.released
     ctl._process_pod("ns/p")  # decided again before it is known: it must not be
     assert writer.writes == 2 and not writer.released
-    assert ctl.pending["ns/p"].reason == "WaitingForClaims"
+    assert ctl.pending["ns/p"].reason == "WriteOutcomeUnknown"
+    assert "claim b" in ctl.pending["ns/p"].message
 
 
 def test_the_pod_is_allocated_when_nothing_fails() -> None:
