@@ -166,3 +166,21 @@ def wait_no_gated_pods(api: Any, skip_namespaces: Collection[str], timeout_s: fl
             f"pods gated for flexmig that an earlier test left behind: {left}; a controller started now "
             "would place them on this test's nodes (delete the namespace at the end of that test)"
         )
+
+
+def restore_device_classes(api: Any, saved: Mapping[str, Mapping[str, Any]]) -> None:
+    """Create again the DeviceClasses a test's chart install replaced (best effort: a class already
+    back is left as it is)."""
+    from kubernetes.client.exceptions import ApiException
+
+    for name, obj in saved.items():
+        body = {
+            "apiVersion": obj["apiVersion"],
+            "kind": obj["kind"],
+            "metadata": {"name": name},
+            "spec": obj["spec"],
+        }
+        try:
+            request(api, "POST", "/apis/resource.k8s.io/v1/deviceclasses", body)
+        except ApiException:
+            continue

@@ -44,7 +44,7 @@ from driver.nvml.sim import SimGpuSpec
 
 from .chart_workloads import ChartNodeDir, ControllerProcess, Workload, token_kubeconfig, workload
 from .cluster import ControlPlane, free_port, wait_until
-from .k8sobjects import create_namespace, wait_no_gated_pods
+from .k8sobjects import create_namespace, restore_device_classes, wait_no_gated_pods
 from .kubelet_standin import KubeletStandIn
 from .plugin_harness import REPO, PluginProcess, instances, scrape, wait_slices
 
@@ -323,15 +323,7 @@ class Scenario:
                 node.nd.cleanup()
         with contextlib.suppress(ApiException):
             request(self.api, "DELETE", f"/api/v1/namespaces/{self.namespace}")
-        for name, obj in self._saved_classes.items():
-            body = {
-                "apiVersion": obj["apiVersion"],
-                "kind": obj["kind"],
-                "metadata": {"name": name},
-                "spec": obj["spec"],
-            }
-            with contextlib.suppress(ApiException):
-                request(self.api, "POST", "/apis/resource.k8s.io/v1/deviceclasses", body)
+        restore_device_classes(self.api, self._saved_classes)
         self.api.close()
         assert not problems, "\n".join(problems)
 

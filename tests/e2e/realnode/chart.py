@@ -42,6 +42,7 @@ from driver.cdi import spec_file_name
 from driver.nvml.sim import SimAdmin, SimGpuSpec, init_sim_state
 
 from ..cluster import ControlPlane, free_port, wait_until
+from ..k8sobjects import restore_device_classes
 from ..scenario import CHART, GPU_NODE_LABEL, NodeSpec, Scenario, ScenarioOptions, some_shared_object
 from .images import ProductImage
 from .node import TOLERATE_ALL, NodeBinaries, RealNode
@@ -319,15 +320,7 @@ class ChartNodeScenario(Scenario):
         ):
             with contextlib.suppress(ApiException):
                 request(self.api, "DELETE", path, query=query)
-        for name, obj in self._saved_classes.items():
-            body = {
-                "apiVersion": obj["apiVersion"],
-                "kind": obj["kind"],
-                "metadata": {"name": name},
-                "spec": obj["spec"],
-            }
-            with contextlib.suppress(ApiException):
-                request(self.api, "POST", "/apis/resource.k8s.io/v1/deviceclasses", body)
+        restore_device_classes(self.api, self._saved_classes)
         self.api.close()
         if failed:
             print(f"\n[e2e] chart node {self.node_name} kept at {self.root} (logs in {self.real.log_dir})")

@@ -42,6 +42,7 @@ from driver.nvml.sim import SimGpuSpec
 
 from ..chart_workloads import ChartNodeDir
 from ..cluster import ControlPlane, wait_until
+from ..k8sobjects import restore_device_classes
 from ..plugin_harness import PluginProcess, instances, scrape, wait_slices
 from ..scenario import NodeSpec, Scenario, ScenarioOptions
 from .images import TEST_IMAGE
@@ -247,15 +248,7 @@ class RealNodeScenario(Scenario):
                 node.nd.cleanup()
         with contextlib.suppress(ApiException):
             request(self.api, "DELETE", f"/api/v1/namespaces/{self.namespace}")
-        for name, obj in self._saved_classes.items():
-            body = {
-                "apiVersion": obj["apiVersion"],
-                "kind": obj["kind"],
-                "metadata": {"name": name},
-                "spec": obj["spec"],
-            }
-            with contextlib.suppress(ApiException):
-                request(self.api, "POST", "/apis/resource.k8s.io/v1/deviceclasses", body)
+        restore_device_classes(self.api, self._saved_classes)
         self.api.close()
         assert not problems, "\n".join(problems)
 
