@@ -172,9 +172,28 @@ def _plugin_crash(
     c, node = ctx.cluster, _mig_node(ctx, busiest)
     c.restart_plugin(node, crashpoints=point)
     trigger(node)
-    fired = wait_for(node.nd.marker.exists, 120)
+    fired = wait_for(node.nd.marker.exists, 40)
+    for _ in range(2):  # a full node (every GPU busy, other pods gated before ours) gets room made
+        if fired or busiest:
+            break
+        _make_room(ctx, node)
+        trigger(node)
+        fired = wait_for(node.nd.marker.exists, 40)
+    if not fired and busiest:
+        fired = wait_for(node.nd.marker.exists, 80)
     c.restart_plugin(node, kill=True)
     return fired, f"{node.name}: {point} {'reached, SIGKILLed there' if fired else 'not reached in 120s'}"
+
+
+def _make_room(ctx: FaultContext, node: SimNode) -> None:
+    """Delete one running churn pod on `node` (its instance goes), so a pod waiting for room there is
+    placed and prepared."""
+    pods = request(ctx.cluster.api, "GET", f"/api/v1/namespaces/{ctx.churn.ns}/pods")["items"]
+    for p in pods:
+        name = p["metadata"]["name"]
+        if p["spec"].get("nodeName") == node.name and name in ctx.churn.live:
+            ctx.churn.delete(name)
+            return
 
 
 def _prepare_trigger(ctx: FaultContext) -> Callable[[SimNode], None]:
