@@ -198,8 +198,8 @@ def _make_room(ctx: FaultContext, node: SimNode) -> None:
 
 def _prepare_trigger(ctx: FaultContext) -> Callable[[SimNode], None]:
     def trigger(node: SimNode) -> None:
-        ctx.churn.create(PodKind.HAMI, node=node.name)
-        ctx.churn.create(PodKind.CLAIM, node=node.name)
+        ctx.churn.create(PodKind.HAMI, node=node.name, smallest=True)
+        ctx.churn.create(PodKind.CLAIM, node=node.name, smallest=True)
 
     return trigger
 

@@ -208,13 +208,18 @@ class Churn:
             spec["nodeSelector"] = {"kubernetes.io/hostname": node}
         return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
-    def create(self, kind: PodKind, *, node: str | None = None) -> str | None:
-        """Create one pod of `kind` (and its claim); its name, or None if the API server refused it."""
+    def create(self, kind: PodKind, *, node: str | None = None, smallest: bool = False) -> str | None:
+        """Create one pod of `kind` (and its claim); its name, or None if the API server refused it.
+        `smallest`: one GPU and the least memory in MIG mode, so it fits any MIG node with a free slice
+        (the fault matrix needs a prepare to happen, not a random pod that may never fit)."""
         rng, name, claim = self.rng, self._name(kind), None
         if kind is PodKind.HAMI:
-            body = self.hami_pod(
-                name, rng.choice((1, 1, 1, 2)), rng.choice(GPUMEM_MIB), rng.choice(MODES), node
+            gpus, mib, mode = (
+                (1, min(GPUMEM_MIB), "mig")
+                if smallest
+                else (rng.choice((1, 1, 1, 2)), rng.choice(GPUMEM_MIB), rng.choice(MODES))
             )
+            body = self.hami_pod(name, gpus, mib, mode, node)
         elif kind is PodKind.BURST:
             body = self.hami_pod(name, 1, 9000, "mig", node or self.pinned_node)
         elif kind is PodKind.TEMPLATE:
@@ -224,7 +229,8 @@ class Churn:
             if kind is PodKind.WHOLE:
                 cbody = claim_body(claim, "gpu.flexmig.dev")
             else:
-                cbody = claim_body(claim, "mig.gpu.flexmig.dev", [_mib_selector(rng.choice(MIG_CLAIM_MIB))])
+                mib = min(MIG_CLAIM_MIB) if smallest else rng.choice(MIG_CLAIM_MIB)
+                cbody = claim_body(claim, "mig.gpu.flexmig.dev", [_mib_selector(mib)])
             try:
                 request(
                     self.api, "POST", f"/apis/resource.k8s.io/v1/namespaces/{self.ns}/resourceclaims", cbody
