@@ -14,6 +14,7 @@ from typing import Any
 import structlog
 
 from api.constants import DEFAULT_CONTROLLER_METRICS_PORT
+from driver.transportretry import with_safe_retries
 from flexmig.cliargs import UsageError
 from flexmig.commands.controller_webhook import (
     add_webhook_flags,
@@ -27,6 +28,8 @@ log = structlog.get_logger(__name__)
 MODES = ("controller", "scheduler")
 POLICIES = ("flexmig", "first-fit")
 BURST_PLAN_BUDGET_S = 0.5  # driver/policy/burstplan.py TIME_BUDGET_S (not imported: keeps `--help` light)
+PREEMPTION_HOLD_S = 120.0  # controller/allocation/nominate.py HOLD_S (not imported: keeps `--help` light)
+MAX_PREEMPTION_HOLD_S = 3600.0
 MAX_BURST_BUDGET_S = 10.0  # the step's pods wait for the plan: more than this is a stalled controller
 
 
@@ -41,6 +44,19 @@ def register(subparsers: Any) -> None:
         default=BURST_PLAN_BUDGET_S,
         help=f"seconds a step may spend planning its one-device MIG pods together, 0 to {MAX_BURST_BUDGET_S:g} "
         f"(0 turns burst plans off; default {BURST_PLAN_BUDGET_S:g})",
+    )
+    p.add_argument(
+        "--preemption",
+        default="true",
+        help="true or false: evict lower-priority pods (Eviction API, PodDisruptionBudgets honoured) "
+        "for a pod that fits nowhere, as kube-scheduler does for ungated pods (default true)",
+    )
+    p.add_argument(
+        "--preemption-hold",
+        type=float,
+        default=PREEMPTION_HOLD_S,
+        help="seconds the devices freed by a preemption stay held for the preemptor after its victims "
+        f"are gone, 1 to {MAX_PREEMPTION_HOLD_S:g} (default {PREEMPTION_HOLD_S:g})",
     )
     p.add_argument(
         "--metrics-port",
@@ -65,6 +81,10 @@ def _validate(args: argparse.Namespace) -> str | None:
             f"--burst-plan-budget: {args.burst_plan_budget} is not a number of seconds from 0 to "
             f"{MAX_BURST_BUDGET_S:g} (0 turns burst plans off)"
         )
+    if args.preemption not in ("true", "false"):
+        return f"--preemption: {args.preemption!r} is not one of true, false"
+    if not 1 <= args.preemption_hold <= MAX_PREEMPTION_HOLD_S:  # NaN fails too
+        return f"--preemption-hold: {args.preemption_hold} is not a number of seconds from 1 to {MAX_PREEMPTION_HOLD_S:g}"
     if not 0 <= args.metrics_port <= 65535:
         return f"--metrics-port: {args.metrics_port} is not a port (0..65535, 0 disables)"
     if args.leader_elect not in ("true", "false"):
@@ -75,25 +95,25 @@ def _validate(args: argparse.Namespace) -> str | None:
 def _api_client(kubeconfig: str | None) -> Any:
     """The API client for `--kubeconfig`, else the in-cluster service account; UsageError naming the
     flag when neither can be loaded (before: a ConfigException traceback)."""
+    from kubernetes import client as k8s
     from kubernetes import config as kconfig
 
+    conf = with_safe_retries(k8s.Configuration())  # writes are never re-sent blindly
     if kubeconfig:
         if not os.path.isfile(kubeconfig):
             raise UsageError(f"--kubeconfig: {kubeconfig} does not exist; allowed: a kubeconfig file")
         try:
-            return kconfig.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+            return kconfig.new_client_from_config(config_file=kubeconfig, client_configuration=conf)  # type: ignore[no-untyped-call]
         except Exception as exc:  # ConfigException, YAML and key errors: all mean a bad file
             raise UsageError(f"--kubeconfig: cannot load {kubeconfig}: {_first_line(exc)}") from None
     try:
-        kconfig.load_incluster_config()  # type: ignore[no-untyped-call]
+        kconfig.load_incluster_config(client_configuration=conf)  # type: ignore[no-untyped-call]
     except kconfig.ConfigException as exc:
         raise UsageError(
             "--kubeconfig: not given ($KUBECONFIG unset) and not running in a cluster "
             f"({_first_line(exc)}); allowed: a kubeconfig file, or run in a pod with a service account"
         ) from None
-    from kubernetes import client as k8s
-
-    return k8s.ApiClient()
+    return k8s.ApiClient(conf)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -136,6 +156,8 @@ def run(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port or None,
         policy=PackingPolicy() if args.policy == "flexmig" else FirstFitPolicy(),
         burst_budget_s=args.burst_plan_budget,
+        preemption=args.preemption == "true",
+        preemption_hold_s=args.preemption_hold,
     )
     try:
         process = ControllerProcess(api, options, webhook=webhook)
@@ -147,6 +169,7 @@ def run(args: argparse.Namespace) -> int:
         "controller starting",
         identity=args.identity,
         policy=args.policy,
+        preemption=args.preemption,
         metrics_port=process.metrics_port,
         webhook_port=args.webhook_port or None,
     )

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from api.constants import DRIVER_NAME
+from driver.transportretry import with_safe_retries
 from flexmig.cliargs import float_in
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -77,22 +78,23 @@ def api_client(kubeconfig: str | None, context: str | None) -> Any:
     from kubernetes import client as k8s
     from kubernetes import config as kconfig
 
+    conf = with_safe_retries(k8s.Configuration())
     path = kubeconfig or os.environ.get("KUBECONFIG") or None
     if path is None and Path("~/.kube/config").expanduser().is_file():
         path = str(Path("~/.kube/config").expanduser())
     if path is None:
         try:
-            kconfig.load_incluster_config()  # type: ignore[no-untyped-call]
+            kconfig.load_incluster_config(client_configuration=conf)  # type: ignore[no-untyped-call]
         except kconfig.ConfigException as exc:
             raise StatusError(
                 f"no kubeconfig ($KUBECONFIG unset, no ~/.kube/config) and not in a cluster: {_describe(exc)}"
             ) from exc
-        return k8s.ApiClient()
+        return k8s.ApiClient(conf)
     for part in path.split(os.pathsep):
         if part and not Path(part).expanduser().is_file():
             raise StatusError(f"kubeconfig {part} does not exist")
     try:
-        return kconfig.new_client_from_config(config_file=path, context=context)  # type: ignore[no-untyped-call]
+        return kconfig.new_client_from_config(config_file=path, context=context, client_configuration=conf)  # type: ignore[no-untyped-call]
     except Exception as exc:  # ConfigException, YAML and key errors: all mean a bad file
         raise StatusError(f"cannot load kubeconfig {path}: {_describe(exc)}") from exc
 

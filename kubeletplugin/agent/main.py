@@ -43,6 +43,7 @@ from driver.looprunner import LoopGroup, LoopRunner
 from driver.nvml.backend import open_nvml
 from driver.nvml.port import Nvml
 from driver.nvml.types import GpuInfo, NvmlError
+from driver.transportretry import with_safe_retries
 from kubeletplugin.agent.crashpoints import Crashpoints
 from kubeletplugin.agent.health import NvmlHealthSource
 from kubeletplugin.agent.metrics import MetricsServer, NodeMetrics
@@ -75,11 +76,16 @@ log = structlog.get_logger(__name__)
 
 
 def _api_client(cfg: PluginConfig) -> k8s.ApiClient:
+    # Writes are never re-sent by the transport once they may have reached the server
+    # (driver/transportretry.py): a lost status patch is the preparer's to retry, knowingly.
+    conf = with_safe_retries(k8s.Configuration())
     if cfg.kubeconfig is not None:
-        client: k8s.ApiClient = k8s_config.new_client_from_config(config_file=str(cfg.kubeconfig))  # type: ignore[no-untyped-call]
+        client: k8s.ApiClient = k8s_config.new_client_from_config(  # type: ignore[no-untyped-call]
+            config_file=str(cfg.kubeconfig), client_configuration=conf
+        )
         return client
-    k8s_config.load_incluster_config()  # type: ignore[no-untyped-call]
-    return k8s.ApiClient()
+    k8s_config.load_incluster_config(client_configuration=conf)  # type: ignore[no-untyped-call]
+    return k8s.ApiClient(conf)
 
 
 def _node_uid(api_client: k8s.ApiClient, node: str) -> str | None:
