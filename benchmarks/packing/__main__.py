@@ -1,7 +1,8 @@
 """Packing benchmarks, one command: `python -m benchmarks.packing [--quick] [--out FILE]`.
 
-Online (per scenario and load): first fit, HAMi v2.10's heuristic, flexmig, and the repacking bound,
-all on the same seeded pod streams. Offline: GPUs used per order against the exact optimum (HiGHS).
+Online (per scenario and load): first fit, HAMi v2.10's heuristic, HAMi after its pull request 2855
+(`hami-2855`), flexmig, and the repacking bound, all on the same seeded pod streams (`--policies`
+narrows the policies). Offline: GPUs used per order against the exact optimum (HiGHS).
 Scale: decision latency and peak RSS at 1,000 and 5,000 nodes x 8 GPUs, one- and two-device pods.
 With `--hints exact,noisy` also flexmig with lifetime hints against none (hints.py). Prints Markdown
 tables.
@@ -19,17 +20,29 @@ from collections.abc import Sequence
 
 from driver.policy.allocator import HINT_WEIGHT, FirstFitPolicy, PackingPolicy, Policy
 from driver.policy.hami import HamiPolicy
+from driver.policy.hami_scored import HamiScoredPolicy
 
 from . import hints, offline, online
 
 LOADS = (0.7, 0.9, 1.1)
 
 
-def _policies() -> list[Policy]:
-    return [FirstFitPolicy(), HamiPolicy(), PackingPolicy()]
+POLICIES = ("first-fit", "hami", "hami-2855", "flexmig")
 
 
-def online_tables(seeds: int, pods: int, scenarios: Sequence[online.Scenario], loads: Sequence[float]) -> str:
+def _policies(names: Sequence[str] = POLICIES) -> list[Policy]:
+    """Fresh instances (HamiScoredPolicy keeps its last search), in POLICIES order."""
+    every: list[Policy] = [FirstFitPolicy(), HamiPolicy(), HamiScoredPolicy(), PackingPolicy()]
+    return [p for p in every if p.name in names]
+
+
+def online_tables(
+    seeds: int,
+    pods: int,
+    scenarios: Sequence[online.Scenario],
+    loads: Sequence[float],
+    policies: Sequence[str] = POLICIES,
+) -> str:
     lines = [
         "| scenario | load | policy | pod acceptance % | MiB-weighted acceptance % | refused % per request size (MiB) |",
         "|---|---|---|---|---|---|",
@@ -39,7 +52,7 @@ def online_tables(seeds: int, pods: int, scenarios: Sequence[online.Scenario], l
             totals: dict[str, online.Outcome] = {}
             for seed in range(seeds):
                 stream = online.generate(scenario, load, pods, seed)
-                outcomes = [online.run_policy(p, scenario, stream) for p in _policies()]
+                outcomes = [online.run_policy(p, scenario, stream) for p in _policies(policies)]
                 outcomes.append(online.run_bound(scenario, stream))
                 for o in outcomes:
                     totals.setdefault(o.policy, online.Outcome(o.policy)).add(o)
@@ -56,7 +69,7 @@ def online_tables(seeds: int, pods: int, scenarios: Sequence[online.Scenario], l
     return "\n".join(lines)
 
 
-def offline_table(seeds: int, count: int) -> str:
+def offline_table(seeds: int, count: int, policies: Sequence[str] = POLICIES) -> str:
     lines = [
         "| GPU | policy | " + " | ".join(f"{o} order" for o in offline.ORDERS) + " |",
         "|---|---|---|---|---|",
@@ -69,14 +82,14 @@ def offline_table(seeds: int, count: int) -> str:
             best = offline.optimum(catalog, sizes)
             for order in offline.ORDERS:
                 seq = offline.ordered(sizes, order, seed)
-                for policy in _policies():
+                for policy in _policies(policies):
                     used = offline.gpus_used(policy, catalog, seq, together=False)
                     if used is not None:
                         ratios.setdefault((policy.name, order), []).append(used / best)
                 used = offline.gpus_used(PackingPolicy(), catalog, seq, together=True)
                 if used is not None:
                     ratios.setdefault(("flexmig, burst decided together", order), []).append(used / best)
-        for name in ("first-fit", "hami", "flexmig", "flexmig, burst decided together"):
+        for name in (*(p for p in POLICIES if p in policies), "flexmig, burst decided together"):
             cells = [f"{statistics.mean(ratios[(name, o)]):.3f}x" for o in offline.ORDERS]
             lines.append(f"| {label} | {name} | " + " | ".join(cells) + " |")
         print(f"  offline: {label} done", file=sys.stderr, flush=True)
@@ -129,6 +142,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="1,2",
         help="devices per pod in the scale runs, comma-separated (default 1,2)",
     )
+    parser.add_argument(
+        "--policies",
+        default=",".join(POLICIES),
+        help=f"comma-separated policies for the online and offline tables (default {','.join(POLICIES)})",
+    )
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: online,offline,scale")
     parser.add_argument(
         "--hints",
@@ -158,6 +176,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = skip - {"online", "offline", "scale"}
     if unknown:
         parser.error(f"--skip: unknown part(s) {sorted(unknown)}; allowed values: online, offline, scale")
+    chosen = [p for p in args.policies.split(",") if p]
+    if not chosen or set(chosen) - set(POLICIES):
+        parser.error(f"--policies: need one or more of {', '.join(POLICIES)}, got {args.policies!r}")
     devices = _positive_ints(parser, "--scale-devices", args.scale_devices)
     sizes = _positive_ints(parser, "--scale-nodes", args.scale_nodes)
     scenarios: Sequence[online.Scenario] = online.SCENARIOS
@@ -173,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "online" not in skip:
         parts.append(
             f"### Online ({args.seeds} seeds x {args.pods} pods, first 20 % skipped)\n\n"
-            + online_tables(args.seeds, args.pods, scenarios, loads)
+            + online_tables(args.seeds, args.pods, scenarios, loads, chosen)
         )
     if any(m != "none" for m in modes):
         parts.append(
@@ -184,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "offline" not in skip:
         parts.append(
             f"### Offline: GPUs used / optimum ({args.seeds} seeds x {args.offline_requests} requests)\n\n"
-            + offline_table(args.seeds, args.offline_requests)
+            + offline_table(args.seeds, args.offline_requests, chosen)
         )
     if "scale" not in skip:
         parts.append(

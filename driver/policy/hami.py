@@ -8,7 +8,8 @@ The rule, from the public description of HAMi v2.10 (`selectMigCandidate`, `orde
 - on a GPU, the smallest allowed profile (memory, then slices) with memory >= the request that has a
   free placement; if the smallest has none, fall through to a larger one on the same GPU;
 - placements of 1g and 3g profiles are tried from the highest start down, others from the lowest up.
-It looks at no capacity, scarcity or fragmentation: that is what it stands for here.
+It looks at no capacity, scarcity or fragmentation: that is what it stands for here. HAMi's newer
+per-card placement (its pull request 2855) keeps this node and GPU walk: driver/policy/hami_scored.py.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from driver.policy.explain import explain_failure, free_placements, profiles_for
 from driver.policy.model import Choice, DeviceRequest, GpuState, Placement
 
 
-def _used(occ: Occupancy) -> float:
+def used_share(occ: Occupancy) -> float:
+    """HAMi's "how used" of one GPU: share of memory slices plus share of compute slices taken."""
     memory = occ.used_memory_slices / occ.memory_slices if occ.memory_slices else 1.0
     compute = occ.used_compute_slices / occ.compute_slices if occ.compute_slices else 1.0
     return memory + compute
@@ -30,6 +32,21 @@ def _used(occ: Occupancy) -> float:
 
 def _descending_start(profile: MigProfile) -> bool:
     return profile.name.startswith(("1g.", "3g."))
+
+
+def busiest_nodes(cluster: ClusterState) -> list[str]:
+    """Nodes most used first (HAMi's default binpack node policy), by name on a tie."""
+    usage = {
+        node: sum(used_share(g.occupancy) for g in cluster.node_gpus(node) if not g.whole_gpu_taken)
+        for node in cluster.nodes()
+    }
+    return sorted(usage, key=lambda n: (-usage[n], n))
+
+
+def busiest_gpus(gpus: list[GpuState]) -> list[GpuState]:
+    """A node's GPUs that can take a MIG instance, most used first, by index on a tie."""
+    free = [g for g in gpus if not g.whole_gpu_taken]
+    return sorted(free, key=lambda g: (-used_share(g.occupancy), g.ref.gpu_index))
 
 
 class HamiPolicy:
@@ -40,12 +57,7 @@ class HamiPolicy:
     def place(self, cluster: ClusterState, requests: Sequence[DeviceRequest]) -> Placement:
         if not requests:
             return Placement(())
-        nodes = cluster.nodes()
-        usage = {
-            node: sum(_used(g.occupancy) for g in cluster.node_gpus(node) if not g.whole_gpu_taken)
-            for node in nodes
-        }
-        for node in sorted(nodes, key=lambda n: (-usage[n], n)):
+        for node in busiest_nodes(cluster):
             found = self._on_node(cluster.node_gpus(node), requests)
             if found is not None:
                 return Placement(found)
@@ -53,10 +65,8 @@ class HamiPolicy:
 
     @staticmethod
     def _on_node(gpus: list[GpuState], requests: Sequence[DeviceRequest]) -> tuple[Choice, ...] | None:
-        occupancy = {g.ref: g.occupancy for g in gpus if not g.whole_gpu_taken}
-        ordered = sorted(
-            (g for g in gpus if g.ref in occupancy), key=lambda g: (-_used(g.occupancy), g.ref.gpu_index)
-        )
+        ordered = busiest_gpus(gpus)
+        occupancy = {g.ref: g.occupancy for g in ordered}
         choices: list[Choice] = []
         for request in requests:
             pick: Choice | None = None
