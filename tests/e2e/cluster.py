@@ -237,12 +237,17 @@ class ControlPlane:
         feature_gates: Mapping[str, bool] | None = None,
         extra_apiserver_args: Sequence[str] = (),
         verbosity: int = 2,
+        advertise_address: str | None = None,
     ) -> None:
         self.bin_dir = Path(bin_dir)
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="flexmig-cp-"))
         self.feature_gates = dict(FEATURE_GATES if feature_gates is None else feature_gates)
         self.extra_apiserver_args = list(extra_apiserver_args)
         self.verbosity = verbosity
+        # Set (a non-loopback address of this machine): the API server also listens there and the
+        # `kubernetes` Service's endpoint is it, as on a real cluster, so pods on a pod network reach
+        # it through kube-proxy (realnode/network.py). None: loopback only, the Service has no endpoint.
+        self.advertise_address = advertise_address
         self.pki_dir = self.workdir / "pki"
         self.log_dir = self.workdir / "logs"
         self.kubeconfig_dir = self.workdir / "kubeconfigs"
@@ -363,7 +368,11 @@ class ControlPlane:
                 "kubernetes.default.svc",
                 "kubernetes.default.svc.cluster.local",
             ),
-            ips=("127.0.0.1", str(next(ipaddress.ip_network(SERVICE_CIDR).hosts()))),
+            ips=(
+                "127.0.0.1",
+                str(next(ipaddress.ip_network(SERVICE_CIDR).hosts())),
+                *([self.advertise_address] if self.advertise_address else []),
+            ),
             server=True,
         )
         self._write(self.pki_dir / "apiserver.crt", serving.cert_pem)
@@ -382,6 +391,18 @@ class ControlPlane:
             return []
         gates = ",".join(f"{k}={'true' if v else 'false'}" for k, v in sorted(self.feature_gates.items()))
         return [f"--feature-gates={gates}"]
+
+    def _address_flags(self) -> list[str]:
+        if self.advertise_address:
+            # The lease reconciler writes the `kubernetes` Service's endpoint: this address.
+            return ["--bind-address=0.0.0.0", f"--advertise-address={self.advertise_address}"]
+        return [
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            # A loopback advertise address is refused by the lease endpoint reconciler; nothing
+            # here reaches the apiserver through the in-cluster `kubernetes` Service anyway.
+            "--endpoint-reconciler-type=none",
+        ]
 
     def _bin(self, name: str) -> str:
         path = self.bin_dir / name
@@ -453,11 +474,7 @@ class ControlPlane:
             [
                 self._bin("kube-apiserver"),
                 f"--etcd-servers={etcd_url}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                # A loopback advertise address is refused by the lease endpoint reconciler; nothing
-                # here reaches the apiserver through the in-cluster `kubernetes` Service anyway.
-                "--endpoint-reconciler-type=none",
+                *self._address_flags(),
                 f"--secure-port={self.apiserver_port}",
                 f"--tls-cert-file={pki / 'apiserver.crt'}",
                 f"--tls-private-key-file={pki / 'apiserver.key'}",

@@ -10,12 +10,17 @@ after `helm upgrade` switches the node to hami-core, a HAMi-core shared pod. Eac
 what a CUDA program would need: device nodes, the driver's libraries and binaries (from a stand-in
 driver tree at a host path other than `/`), and its environment.
 
+Network: the chart's defaults on a real pod network (realnode/network.py: CNI bridge + host-local,
+kube-proxy), so the module starts its own control plane whose API server pods can reach through the
+`kubernetes` Service; test_realnode_lifecycle.py covers the `hostNetwork: true` values.
+
 Named test_realnode_* so that conftest.py builds the node binaries before any test; a cold image
 build takes minutes, hence the longer timeout.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Iterator
@@ -24,13 +29,14 @@ from typing import Any
 
 import pytest
 
-from api.constants import ALLOCATION_GATE, ANNOTATION_VGPU_MODE
+from api.constants import ALLOCATION_GATE, ANNOTATION_VGPU_MODE, DRIVER_NAME
+from controller.kube.rest import request
 from driver.cdi import mig_cap_minor
 
-from .cluster import ControlPlane, wait_until
+from .cluster import SERVICE_CIDR, ControlPlane, wait_until
 from .objects import claim_body
 from .plugin_harness import scrape
-from .realnode.chart import ChartNodeScenario, new_gpus, spec_of
+from .realnode.chart import ChartNodeScenario, host_ip, new_gpus, spec_of
 from .realnode.images import TEST_IMAGE, product_image
 from .realnode.node import TOLERATE_ALL, NodeBinaries
 from .realnode.scenario import DRIVER_BINS, DRIVER_LIBS, DRIVER_VERSION, FAKE_CAPS_MAJOR, LIB_DIR
@@ -50,15 +56,29 @@ CONTAINER_ONLY_ROOTS = ("/driver-root", "/dev-root", "/proc-root", "/cdi-hook")
 
 
 @pytest.fixture(scope="module")
+def pod_network_cp(k8s_bin_dir: Path, request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
+    """A control plane of this module's own whose API server also listens on, and advertises, this
+    machine's address: the `kubernetes` Service then has an endpoint pods can reach (the session's
+    control plane listens on loopback only)."""
+    cp = ControlPlane(k8s_bin_dir, advertise_address=host_ip())
+    cp.start()
+    failed_before = request.session.testsfailed
+    yield cp
+    cp.stop(failed=request.session.testsfailed > failed_before)
+
+
+@pytest.fixture(scope="module")
 def sc(
-    control_plane: ControlPlane, node_bin_dir: Path, request: pytest.FixtureRequest
+    pod_network_cp: ControlPlane, node_bin_dir: Path, request: pytest.FixtureRequest
 ) -> Iterator[ChartNodeScenario]:
     if os.geteuid() != 0:
         raise AssertionError("the real-node tests need root (containerd, runc, kubelet): run pytest as root")
     image = product_image()
     # GPU 0 in MIG mode for the MIG pods; GPU 1 with MIG off, shared once the node is hami-core.
     gpus = new_gpus([("A100-40GB", True), ("A100-40GB", False)])
-    s = ChartNodeScenario(control_plane, NodeBinaries(node_bin_dir), image, gpus, mode="mig")
+    s = ChartNodeScenario(
+        pod_network_cp, NodeBinaries(node_bin_dir), image, gpus, mode="mig", pod_network=True
+    )
     try:
         s.start()
     except BaseException as exc:
@@ -77,7 +97,7 @@ def user_pod(sc: ChartNodeScenario, name: str, **container: Any) -> dict[str, An
         "metadata": {"name": name},
         "spec": {
             "automountServiceAccountToken": False,
-            "hostNetwork": True,  # no CNI on the test node
+            "hostNetwork": not sc.pod_network,
             "tolerations": TOLERATE_ALL,  # the node is NotReady without a pod network
             "terminationGracePeriodSeconds": 2,
             "nodeSelector": {"kubernetes.io/hostname": sc.node_name},
@@ -166,9 +186,55 @@ def test_chart_pods_run_flexmig_image_on_the_real_node(sc: ChartNodeScenario) ->
     # The kubelet's plugin watcher found the registration socket the container made in its directory.
     assert [p.name for p in sc.real.registry_dir.iterdir()] == ["gpu.flexmig.dev-reg.sock"]
     assert "Registered DRA plugin" in sc.real.kubelet_log()
-    # Host network: both metrics ports answer on the machine, the plugin's says kubelet registered it.
-    assert "flexmig_node_plugin_registered 1.0" in scrape(sc.ports["plugin"])
-    assert "flexmig_" in scrape(sc.ports["controller"])
+    # Both metrics ports answer at the pods' own addresses; the plugin's says kubelet registered it.
+    plugin_metrics = scrape(sc.ports["plugin"], sc.metrics_address("kubelet-plugin"))
+    assert "flexmig_node_plugin_registered 1.0" in plugin_metrics
+    assert "flexmig_" in scrape(sc.ports["controller"], sc.metrics_address("controller"))
+
+
+def test_chart_pods_use_the_pod_network_and_services(sc: ChartNodeScenario) -> None:
+    """Pod IPs from the CNI, the API server through the `kubernetes` Service (the chart sets no
+    address: the kubelet's service variables point the in-cluster clients at its ClusterIP, which
+    kube-proxy routes), and the webhook called through its Service (no `webhook.url`)."""
+    assert sc.real.network is not None
+    svc = request(sc.api, "GET", "/api/v1/namespaces/default/services/kubernetes")
+    assert ipaddress.ip_address(svc["spec"]["clusterIP"]) in ipaddress.ip_network(SERVICE_CIDR), svc["spec"]
+    for component in ("controller", "kubelet-plugin"):
+        pod = sc.pod_now(component)
+        assert not pod["spec"].get("hostNetwork"), component
+        assert ipaddress.ip_address(pod["status"]["podIP"]) in sc.real.network.subnet, pod["status"]
+        env = {e["name"] for c in pod["spec"]["containers"] for e in c.get("env") or ()}
+        assert not env & {"KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"}, env
+    [hook] = request(
+        sc.api,
+        "GET",
+        f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{sc.release}.{DRIVER_NAME}",
+    )["webhooks"]
+    assert "url" not in hook["clientConfig"] and hook["clientConfig"]["service"]["namespace"] == sc.namespace
+    node = request(sc.api, "GET", f"/api/v1/nodes/{sc.node_name}")
+    assert {"type": "Ready", "status": "True"} in [
+        {"type": c["type"], "status": c["status"]} for c in node["status"]["conditions"]
+    ]
+
+
+def test_a_pod_reaches_the_metrics_services(sc: ChartNodeScenario) -> None:
+    """Pod -> Service -> pod through kube-proxy, as a Prometheus in the cluster scrapes flexmig."""
+    ns = sc.test_namespace("chart-net")
+    services = request(sc.api, "GET", f"/api/v1/namespaces/{sc.namespace}/services")["items"]
+    targets = [
+        f"{s['spec']['clusterIP']}:{s['spec']['ports'][0]['port']}"
+        for s in services
+        if s["metadata"]["name"].endswith("-metrics")
+    ]
+    assert len(targets) == 2, [s["metadata"]["name"] for s in services]
+    get = r"printf 'GET /metrics HTTP/1.0\r\n\r\n'"
+    fetch = "".join(
+        f"{get} | nc -w 5 {t.replace(':', ' ')} | grep -q '^flexmig_' && echo OK {t}; " for t in targets
+    )
+    sc.create(ns, "pods", user_pod(sc, "scraper", command=["/bin/sh", "-c", fetch + PROBE]))
+    out = wait_output(sc, sc.wait_running(ns, "scraper", timeout_s=60))
+    assert [f"OK {t}" for t in targets] == re.findall(r"^OK \S+$", out, re.M), out
+    sc.delete_pod(ns, "scraper", wait_s=60)
 
 
 def test_guide_pod_and_claim_pod_get_mig_instances_and_the_driver(sc: ChartNodeScenario) -> None:

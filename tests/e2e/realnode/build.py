@@ -6,6 +6,10 @@ containerd-shim-runc-v2, runc, cdivalidate, busybox).
 crictl (for debugging a real-node test) is cached apart from that set, in its own directory, so that
 it never invalidates the set's cache: `crictl_binary()` finds or builds it (`build.sh crictl`).
 `FLEXMIG_CRICTL` may name a crictl binary instead; a `crictl` inside `FLEXMIG_NODE_BIN` is used too.
+
+The pod network's binaries (CNI plugins bridge, host-local, loopback and kube-proxy) are a third set in
+its own cache directory (`build.sh net`); `net_binaries()` finds or builds it. `FLEXMIG_NET_BIN` may
+point at a directory with them instead.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import os
 import subprocess
 from pathlib import Path
 
+NET_BINARIES = ("bridge", "host-local", "loopback", "kube-proxy")
 NODE_BUILD_SCRIPT = Path(__file__).resolve().parents[1] / "k8sbuild" / "node" / "build.sh"
 
 # The outcome of the first crictl lookup in this process (a path or the error): a failed build is
@@ -48,6 +53,16 @@ def build_node_binaries(timeout_s: float = 3 * 3600) -> Path:
     if override:
         return Path(override)
     return _run_build([], timeout_s)
+
+
+def net_binaries(timeout_s: float = 3600) -> Path:
+    """The directory with bridge, host-local, loopback and kube-proxy (k8sbuild/node/build.sh net)."""
+    override = os.environ.get("FLEXMIG_NET_BIN")
+    path = Path(override) if override else _run_build(["net"], timeout_s)
+    missing = [b for b in NET_BINARIES if not os.access(path / b, os.X_OK)]
+    if missing:
+        raise NodeBuildError(f"{path} lacks {missing}: run {NODE_BUILD_SCRIPT} net")
+    return path
 
 
 def crictl_binary(timeout_s: float = 3600) -> Path:

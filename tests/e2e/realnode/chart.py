@@ -14,13 +14,21 @@ through documented chart values (`helm_values`), never a test-only path in the p
   (`cdiHookPath: ""`); HAMi-core's library is a stand-in ELF object in `hamiCore.dir`;
 - kubelet and containerd paths: `kubeletRegistryDir`, `kubeletPluginsDir`, `cdiDir` of this node.
 
-Network (no CNI and no kube-proxy here; see tests/e2e/README.md): both workloads run with the chart's
-`hostNetwork` value and ports picked free on this machine (other tests and engineers share it). The
-kubelet gets the machine's own non-loopback address as --node-ip, because a loopback one leaves the
-node without addresses and so host-network pods without a pod IP for their probes. The in-cluster
-client reads KUBERNETES_SERVICE_HOST/PORT, whose Service IP nothing routes without kube-proxy, so
-`extraEnv` points them at the API server (127.0.0.1:<port>; container env wins over the kubelet's
-service variables), and the API server calls the webhook at `webhook.url` on 127.0.0.1.
+Network, two ways (`pod_network`):
+
+- a pod network (network.py: CNI bridge + host-local, kube-proxy in iptables mode), the chart's
+  defaults: the controller and plugin get pod IPs, their in-cluster clients reach the API server
+  through the `kubernetes` Service (the control plane must be started with `advertise_address`, so
+  that Service has an endpoint pods can reach), and the API server calls the webhook through its
+  Service. No address or port of this machine goes into the values.
+- the chart's `hostNetwork` values, with ports picked free on this machine (other tests and
+  engineers share it). The in-cluster client reads KUBERNETES_SERVICE_HOST/PORT, whose Service IP
+  nothing routes without kube-proxy, so `extraEnv` points them at the API server (127.0.0.1:<port>;
+  container env wins over the kubelet's service variables), and the API server calls the webhook at
+  `webhook.url` on 127.0.0.1.
+
+Either way the kubelet gets the machine's own non-loopback address as --node-ip, because a loopback
+one leaves the node without addresses and so host-network pods without a pod IP for their probes.
 """
 
 from __future__ import annotations
@@ -44,7 +52,9 @@ from driver.nvml.sim import SimAdmin, SimGpuSpec, init_sim_state
 from ..cluster import ControlPlane, free_port, wait_until
 from ..k8sobjects import restore_device_classes
 from ..scenario import CHART, GPU_NODE_LABEL, NodeSpec, Scenario, ScenarioOptions, some_shared_object
+from .build import net_binaries
 from .images import ProductImage
+from .network import PodNetwork
 from .node import TOLERATE_ALL, NodeBinaries, RealNode
 from .scenario import make_host_standins
 
@@ -65,7 +75,13 @@ class ChartNodeScenario(Scenario):
     """One real node running the chart's pods; `mode` is the node's nodeconfig operating mode."""
 
     def __init__(
-        self, cp: ControlPlane, bins: NodeBinaries, image: ProductImage, gpus: list[SimGpuSpec], mode: str
+        self,
+        cp: ControlPlane,
+        bins: NodeBinaries,
+        image: ProductImage,
+        gpus: list[SimGpuSpec],
+        mode: str,
+        pod_network: bool = False,
     ) -> None:
         super().__init__(
             cp, [NodeSpec("chart", tuple(g.sku for g in gpus), mode)], ScenarioOptions(webhook=True)
@@ -84,7 +100,21 @@ class ChartNodeScenario(Scenario):
             labels={GPU_NODE_LABEL: "true"},  # the chart's default DaemonSet affinity
         )
         self.real.node_ip = host_ip()
-        self.ports = {"plugin": free_port(), "controller": free_port(), "webhook": self.webhook_port}
+        self.pod_network = pod_network
+        if pod_network:
+            assert cp.advertise_address, "pods reach the API server only at a non-loopback address"
+            self.real.network = PodNetwork(
+                cp, net_binaries(), self.node_name, self.root / "net", self.real.log_dir
+            )
+            # The chart's defaults: every pod has its own address, nothing collides.
+            defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+            self.ports = {
+                "plugin": defaults["kubeletPlugin"]["metrics"]["port"],
+                "controller": defaults["controller"]["metrics"]["port"],
+                "webhook": defaults["webhook"]["port"],
+            }
+        else:
+            self.ports = {"plugin": free_port(), "controller": free_port(), "webhook": self.webhook_port}
         self.sim_dir = self.root / "sim"
         self.image_tag = ""  # `image.tag` ("" is the chart's appVersion, the imported image's tag)
 
@@ -126,13 +156,40 @@ class ChartNodeScenario(Scenario):
     # --- helm ----------------------------------------------------------------------------------------
 
     def values(self, mode: str) -> dict[str, Any]:
+        values = self.host_network_values() if not self.pod_network else self.pod_network_values()
+        values["image"] = {"tag": self.image_tag}
+        values["nodeConfig"] = {"nodeconfig": [{"name": self.node_name, "operatingmode": mode}]}
+        values["kubeletPlugin"].update(self.node_values())
+        return values
+
+    def node_values(self) -> dict[str, Any]:
+        """Where this node's stand-ins, kubelet and containerd directories are."""
+        return {
+            "nvmlBackend": f"sim:{self.sim_state}",
+            "extraVolumes": [{"name": "sim", "hostPath": {"path": str(self.sim_dir), "type": "Directory"}}],
+            "extraVolumeMounts": [{"name": "sim", "mountPath": str(self.sim_dir)}],
+            "nvml": {"driverRoot": str(self.driver_root)},
+            "devRoot": str(self.dev_root),
+            "procRoot": str(self.root / "proc"),
+            "cdiHookPath": "",
+            "mountHostDev": False,  # the stand-in dev root holds every node the plugin uses
+            "kubeletRegistryDir": str(self.real.registry_dir),
+            "kubeletPluginsDir": str(self.real.plugins_dir),
+            "cdiDir": str(self.cdi_dir),
+            "hamiCore": {"dir": str(self.hami_dir), "library": str(self.hami_dir / "libvgpu.so")},
+        }
+
+    def pod_network_values(self) -> dict[str, Any]:
+        """The chart's network defaults; only placement on this node (no GPU taints here)."""
+        here = {"nodeSelector": {"kubernetes.io/hostname": self.node_name}}
+        return {"tests": dict(here), "controller": dict(here), "kubeletPlugin": {}}
+
+    def host_network_values(self) -> dict[str, Any]:
         api_env = [
             {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
             {"name": "KUBERNETES_SERVICE_PORT", "value": str(self.cp.apiserver_port)},
         ]
         return {
-            "image": {"tag": self.image_tag},
-            "nodeConfig": {"nodeconfig": [{"name": self.node_name, "operatingmode": mode}]},
             "webhook": {"url": self.webhook_url, "port": self.ports["webhook"]},
             # `helm test`'s pod: the same node, network and API server address as the chart's pods.
             "tests": {
@@ -156,20 +213,6 @@ class ChartNodeScenario(Scenario):
             "kubeletPlugin": {
                 "hostNetwork": True,
                 "metrics": {"port": self.ports["plugin"]},
-                "nvmlBackend": f"sim:{self.sim_state}",
-                "extraVolumes": [
-                    {"name": "sim", "hostPath": {"path": str(self.sim_dir), "type": "Directory"}}
-                ],
-                "extraVolumeMounts": [{"name": "sim", "mountPath": str(self.sim_dir)}],
-                "nvml": {"driverRoot": str(self.driver_root)},
-                "devRoot": str(self.dev_root),
-                "procRoot": str(self.root / "proc"),
-                "cdiHookPath": "",
-                "mountHostDev": False,  # the stand-in dev root holds every node the plugin uses
-                "kubeletRegistryDir": str(self.real.registry_dir),
-                "kubeletPluginsDir": str(self.real.plugins_dir),
-                "cdiDir": str(self.cdi_dir),
-                "hamiCore": {"dir": str(self.hami_dir), "library": str(self.hami_dir / "libvgpu.so")},
                 "extraEnv": api_env,
             },
         }
@@ -221,12 +264,23 @@ class ChartNodeScenario(Scenario):
         self.hami_dir.mkdir()
         shutil.copy(some_shared_object(), self.hami_dir / "libvgpu.so")
         self.real.start()
+        if self.pod_network:
+            # The chart's controller tolerates no not-ready taint: wait until the node lost it.
+            wait_until(self.node_ready, 60, f"node {self.node_name} to be Ready with its pod network")
         self.real.ctr("images", "import", str(self.image.tar), timeout_s=300)
         self.install()
         self.wait_plugin()
         self.wait_webhook(timeout_s=120)
         self.wait_ready("controller")
         return self
+
+    def node_ready(self) -> bool:
+        node = request(self.api, "GET", f"/api/v1/nodes/{self.node_name}")
+        taints = [t["key"] for t in node["spec"].get("taints") or ()]
+        ready = {"type": "Ready", "status": "True"} in [
+            {"type": c["type"], "status": c["status"]} for c in node["status"].get("conditions") or ()
+        ]
+        return ready and not [t for t in taints if t.startswith("node.kubernetes.io/")]
 
     def chart_pods(self, component: str) -> list[dict[str, Any]]:
         query = [("labelSelector", f"app.kubernetes.io/component={component}")]
@@ -263,6 +317,13 @@ class ChartNodeScenario(Scenario):
             60,
             "the plugin's ResourceSlices",
         )
+
+    def metrics_address(self, component: str) -> str:
+        """Where the test reaches `component`'s metrics port: its pod IP on a pod network."""
+        if not self.pod_network:
+            return "127.0.0.1"
+        ip: str = self.pod_now(component)["status"]["podIP"]
+        return ip
 
     def explain(self) -> str:
         """The chart's pods and what their containers wait for (for timeouts)."""

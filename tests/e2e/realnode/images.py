@@ -24,7 +24,9 @@ from pathlib import Path
 
 TEST_IMAGE = "flexmig.test/busybox:e2e"
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10.2"  # containerd 2.4's default sandbox image
-APPLETS = ("sh", "sleep", "ls", "cat", "env", "echo", "stat", "test", "grep", "find", "mount", "true")
+# nc: a pod on the pod network fetches a Service (test_realnode_chart.py); Debian's static busybox
+# wget crashes (SIGSEGV) even for a numeric address.
+APPLETS = ("sh", "sleep", "ls", "cat", "env", "echo", "stat", "test", "grep", "find", "mount", "true", "nc")
 # Sleeps in the background so that SIGTERM (the runtime stopping the sandbox) ends it at once.
 PAUSE_ENTRYPOINT = ["/bin/sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"]
 

@@ -5,8 +5,9 @@ nothing touches the machine's own container runtime or kubelet (if any):
 
 - containerd (config version 3): own root, state, gRPC/ttrpc sockets, NRI socket and opt dir; the CRI
   runtime with `restrict_oom_score_adj = true` (a sandbox may not lower its OOM score on these VMs),
-  `cdi_spec_dirs` = the plugin's CDI directory and runc = the runc built with seccomp; no CNI config, so
-  test pods use the host network.
+  `cdi_spec_dirs` = the plugin's CDI directory and runc = the runc built with seccomp; no CNI config
+  (test pods use the host network) unless `RealNode.network` is set: then network.py's bridge +
+  host-local pod network and a kube-proxy for this node.
 - kubelet (KubeletConfiguration v1beta1): `failCgroupV1: false` (the VMs are cgroup v1), cgroupfs, no
   QoS cgroups, own root dir (its plugin watcher reads `<root>/plugins_registry`), own ports, pod logs
   under its root, the control plane's DRA feature gates, credentials of `system:node:<name>`.
@@ -14,8 +15,8 @@ nothing touches the machine's own container runtime or kubelet (if any):
 - crictl: `<node root>/crictl.yaml` points crictl at this containerd's CRI socket; `RealNode.crictl()`
   runs it (`crictl --config <node root>/crictl.yaml ...`), by hand the same command debugs a kept node.
 
-The node reports NotReady (no pod network), which the node lifecycle controller turns into not-ready
-taints: test pods tolerate them (`TOLERATE_ALL`) and run with `hostNetwork: true`.
+Without a pod network the node reports NotReady, which the node lifecycle controller turns into
+not-ready taints: test pods tolerate them (`TOLERATE_ALL`) and run with `hostNetwork: true`.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import yaml
 from ..cluster import FEATURE_GATES, Component, ControlPlane, free_port, tail, wait_until
 from .build import crictl_binary
 from .images import PAUSE_ENTRYPOINT, PAUSE_IMAGE, TEST_IMAGE, write_image_tar
+from .network import PodNetwork
 
 TOLERATE_ALL = [{"operator": "Exists"}]
 
@@ -74,6 +76,8 @@ state = "{root / "state"}"
   sandbox = "{PAUSE_IMAGE}"
 [{cri_runtime}]
   restrict_oom_score_adj = true
+  # Pod network namespaces under the state dir (not /var/run/netns): unmount_all() finds them.
+  netns_mounts_under_state_dir = true
   cdi_spec_dirs = ["{cdi_dir}"]
 [{cri_runtime}.cni]
   bin_dirs = ["{root / "cni-bin"}"]
@@ -154,6 +158,7 @@ class RealNode:
         self.log_dir = root / "logs"
         self.containerd: Component | None = None
         self.kubelet: Component | None = None
+        self.network: PodNetwork | None = None  # set before start() for a pod network
         self._kubelet_starts = 0
 
     # --- paths ------------------------------------------------------------------------------------
@@ -184,9 +189,13 @@ class RealNode:
     def start(self, timeout_s: float = 120.0) -> RealNode:
         for d in (self.ctrd_root, self.kubelet_root, self.log_dir, self.cdi_dir, self.registry_dir):
             d.mkdir(parents=True, exist_ok=True)
+        if self.network is not None:
+            self.network.write_cni(self.ctrd_root / "cni-bin", self.ctrd_root / "cni-conf")
         self.start_containerd()
         self.import_images()
         self.start_kubelet(timeout_s)
+        if self.network is not None:
+            self.network.start_kube_proxy(self._env())
         return self
 
     def start_containerd(self, timeout_s: float = 60.0) -> None:
@@ -284,7 +293,7 @@ class RealNode:
             def registered() -> bool:
                 node = core.read_node(self.name)
                 conds = {c.type: c for c in node.status.conditions or ()}
-                return "Ready" in conds  # NotReady (no pod network) is expected; see the module docstring
+                return "Ready" in conds  # NotReady without a pod network is expected; module docstring
 
             wait_until(
                 registered, timeout_s, f"kubelet of {self.name} to register", check=self._check(self.kubelet)
@@ -332,7 +341,9 @@ class RealNode:
                     self.ctr("tasks", "delete", "-f", c, check=False)
                     self.ctr("containers", "delete", c, check=False)
             self.containerd.stop(grace_s=15)
-        self.unmount_all()
+        self.unmount_all()  # the sandboxes' network namespaces too: their veths go with them
+        if self.network is not None:
+            self.network.stop()
 
     def unmount_all(self) -> None:
         root = str(self.root.resolve())

@@ -14,22 +14,30 @@
 #   crictl                      sigs.k8s.io/cri-tools (crictl/go.mod here), for debugging a real-node
 #                               test; cached in its OWN directory (below), so adding or changing it
 #                               never invalidates the cache of the set above
+#   the "net" set               the pod network of the chart's real-node test: the CNI plugins bridge,
+#                               host-local, loopback (github.com/containernetworking/plugins, cni/go.mod
+#                               here) and kube-proxy (k8s.io/kubernetes, the kubelet's module); cached in
+#                               its OWN directory too, so the set above stays valid
 #
-# Usage: build.sh           the set above, then crictl; the last line printed is the main bin directory.
-#                           A failed crictl build is logged (stderr) but does not fail this mode: crictl
-#                           is a debugging aid and the main set stays usable.
+# Usage: build.sh           the set above, then crictl, then the net set; the last line printed is the
+#                           main bin directory. A failed crictl or net build is logged (stderr) but does
+#                           not fail this mode: the main set stays usable, and `build.sh net` (which the
+#                           chart test runs) reports the error again.
 #        build.sh crictl    only crictl; the last line printed is the path of the crictl binary.
+#        build.sh net       only the net set; the last line printed is its bin directory.
 #
 # Cached beside the control plane, under its own key so the control-plane cache stays valid:
 #   ${FLEXMIG_K8S_CACHE:-$HOME/.cache/flexmig/k8s}/node-<versions>-<hash of our validator>/bin/
 # Built into a temporary directory renamed into place only when everything is built, so a second run is
 # instant and an interrupted run leaves no half-filled cache. crictl is cached the same way under
 #   ${FLEXMIG_K8S_CACHE:-$HOME/.cache/flexmig/k8s}/crictl-<version>-<hash of crictl/go.mod+go.sum>/bin/crictl
+# and the net set under
+#   ${FLEXMIG_K8S_CACHE:-$HOME/.cache/flexmig/k8s}/net-<k8s>-cni-<version>-<hash of the two go.mod+go.sum>/bin/
 set -euo pipefail
 mode="${1:-all}"
 case "$mode" in
-  all | crictl) ;;
-  *) echo "build.sh: unknown mode '$mode'; allowed: (none) or crictl" >&2; exit 2 ;;
+  all | crictl | net) ;;
+  *) echo "build.sh: unknown mode '$mode'; allowed: (none), crictl or net" >&2; exit 2 ;;
 esac
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -86,15 +94,95 @@ build_crictl() {
   log "built crictl in $((SECONDS - start))s: $crictl_final/bin/crictl"
 }
 
+net_hash="$(cat "$here/cni/go.mod" "$here/cni/go.sum" "$here/../kubernetes/go.mod" "$here/../kubernetes/go.sum" \
+  2>/dev/null | sha256sum | cut -c1-12)"
+net_final="$cache_root/net-${K8S_VERSION}-cni-${CNI_PLUGINS_VERSION}-${net_hash}"
+net_binaries=(bridge host-local loopback kube-proxy)
+
+net_complete() {
+  local b
+  for b in "${net_binaries[@]}"; do [[ -x "$net_final/bin/$b" ]] || return 1; done
+}
+
+# Builds the net set into its own cache directory (temp dir renamed into place); nothing on stdout.
+build_net() {
+  if net_complete; then log "cached: $net_final/bin"; return 0; fi
+  command -v go >/dev/null || { log "go toolchain not found in PATH"; return 1; }
+  [[ -f "$here/cni/go.mod" && -f "$here/cni/go.sum" ]] \
+    || { log "$here/cni/go.mod or go.sum is missing; run gen-gomod.sh cni"; return 1; }
+  grep -Eq "^[[:space:]]*github\.com/containernetworking/plugins ${CNI_PLUGINS_VERSION//./\\.}( |$)" "$here/cni/go.mod" \
+    || { log "$here/cni/go.mod does not pin the CNI plugins $CNI_PLUGINS_VERSION; run gen-gomod.sh cni"; return 1; }
+  mkdir -p "$cache_root"
+  local start=$SECONDS p name
+  nw="$(mktemp -d "$cache_root/.build-net-${CNI_PLUGINS_VERSION}.XXXXXX")"  # global: the EXIT trap sees it
+  trap 'rm -rf "$nw"' EXIT
+  chmod 755 "$nw"
+  mkdir -p "$nw/bin" "$nw/cni" "$nw/k8s"
+  cp "$here/cni/go.mod" "$here/cni/go.sum" "$nw/cni/"
+  cp "$here/../kubernetes/go.mod" "$here/../kubernetes/go.sum" "$nw/k8s/"
+  log "building the CNI plugins $CNI_PLUGINS_VERSION and kube-proxy $K8S_VERSION ..."
+  for p in main/bridge ipam/host-local main/loopback; do
+    name="$(basename "$p")"
+    if ! (cd "$nw/cni" && GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" \
+      -o "$nw/bin/$name" "github.com/containernetworking/plugins/plugins/$p" >&2); then
+      rm -rf "$nw"; trap - EXIT; log "building the CNI plugin $name failed"; return 1
+    fi
+  done
+  if ! (cd "$nw/k8s" && GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -ldflags "-s -w $k8s_ld" \
+    -o "$nw/bin/kube-proxy" k8s.io/kubernetes/cmd/kube-proxy >&2); then
+    rm -rf "$nw"; trap - EXIT; log "building kube-proxy failed"; return 1
+  fi
+  rm -rf "$nw/cni" "$nw/k8s"
+  printf 'k8s=%s cni-plugins=%s go=%s built=%s\n' "$K8S_VERSION" "$CNI_PLUGINS_VERSION" \
+    "$(go env GOVERSION)" "$now" > "$nw/VERSIONS"
+  # Atomic publish; a concurrent build that won the race is kept.
+  if ! mv -T "$nw" "$net_final" 2>/dev/null; then
+    if net_complete; then rm -rf "$nw"; else
+      rm -rf "$net_final.stale.$$"; mv -T "$net_final" "$net_final.stale.$$" \
+        && mv -T "$nw" "$net_final" && rm -rf "$net_final.stale.$$"
+    fi
+  fi
+  trap - EXIT
+  log "built the net set in $((SECONDS - start))s: $net_final/bin"
+}
+
+# kube-proxy (iptables mode) runs the machine's iptables-save/-restore; installed like busybox below.
+ensure_iptables() {
+  command -v iptables-restore >/dev/null && return 0
+  if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
+    log "installing iptables (kube-proxy's iptables mode runs it)"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2 \
+      && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends iptables >&2
+  fi
+  command -v iptables-restore >/dev/null || { log "kube-proxy needs iptables: apt-get install iptables"; return 1; }
+}
+
+# Version stamps (as kubernetes' hack/lib/version.sh sets them) for the kubelet and kube-proxy.
+k8s_minor="${K8S_VERSION#v1.}"; k8s_minor="${k8s_minor%%.*}"
+now="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+k8s_ld=""
+for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  k8s_ld+=" -X $p.gitVersion=${K8S_VERSION} -X $p.gitMajor=1 -X $p.gitMinor=${k8s_minor}"
+  k8s_ld+=" -X $p.gitTreeState=clean -X $p.buildDate=${now}"
+done
+
 if [[ "$mode" == crictl ]]; then
   build_crictl
   echo "$crictl_final/bin/crictl"
   exit 0
 fi
+if [[ "$mode" == net ]]; then
+  build_net
+  ensure_iptables
+  echo "$net_final/bin"
+  exit 0
+fi
 
-# In the default mode crictl is only a debugging aid: its failure is logged, never fatal.
-build_crictl_lenient() {
+# In the default mode crictl and the net set are not fatal: their failure is logged.
+build_extras_lenient() {
   build_crictl || log "WARNING: crictl is unavailable (see above); the main node binaries are fine"
+  { build_net && ensure_iptables; } \
+    || log "WARNING: the pod network set (CNI plugins, kube-proxy) is unavailable (see above)"
 }
 
 complete() {
@@ -104,7 +192,7 @@ complete() {
 
 if complete; then
   log "cached: $final/bin"
-  build_crictl_lenient
+  build_extras_lenient
   echo "$final/bin"
   exit 0
 fi
@@ -155,13 +243,6 @@ build() { # name, module dir (absolute), package, cgo (0/1), tags, extra ldflags
   log "built $name in $((SECONDS - start))s ($(du -h "$work/bin/$name" | cut -f1))"
 }
 
-k8s_minor="${K8S_VERSION#v1.}"; k8s_minor="${k8s_minor%%.*}"
-now="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
-k8s_ld=""
-for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-  k8s_ld+=" -X $p.gitVersion=${K8S_VERSION} -X $p.gitMajor=1 -X $p.gitMinor=${k8s_minor}"
-  k8s_ld+=" -X $p.gitTreeState=clean -X $p.buildDate=${now}"
-done
 ctrd_ld="-X github.com/containerd/containerd/v2/version.Version=${CONTAINERD_VERSION}"
 ctrd_tags="no_btrfs no_devmapper no_zfs"
 
@@ -196,5 +277,5 @@ fi
 trap - EXIT
 rm -rf "$work"
 log "all node binaries built in $((SECONDS - total_start))s"
-build_crictl_lenient
+build_extras_lenient
 echo "$final/bin"

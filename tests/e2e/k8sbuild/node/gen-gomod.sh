@@ -4,6 +4,8 @@
 #   runc/        github.com/opencontainers/runc (its root package is the runc command)
 #   cdivalidate/ our own CDI validator (main.go) on tags.cncf.io/container-device-interface
 #   crictl/      sigs.k8s.io/cri-tools (crictl, for debugging a real-node test)
+#   cni/         github.com/containernetworking/plugins (bridge, host-local, loopback: the pod network of
+#                the chart's real-node test; kube-proxy comes from ../kubernetes, like the kubelet)
 # Each part has its own module so that their dependency graphs never mix.
 # Usage: gen-gomod.sh [part ...]   (no parts: all of them). Regenerate only the part whose version
 # changed: cdivalidate's go.mod/go.sum are part of the node cache key in build.sh, so regenerating it
@@ -19,11 +21,11 @@ export GOFLAGS=-mod=mod
 go_line="go $(go env GOVERSION | sed 's/^go//; s/^\([0-9]*\.[0-9]*\).*/\1/').0"
 
 parts=("$@")
-if [[ ${#parts[@]} -eq 0 ]]; then parts=(containerd runc cdivalidate crictl); fi
+if [[ ${#parts[@]} -eq 0 ]]; then parts=(containerd runc cdivalidate crictl cni); fi
 for p in "${parts[@]}"; do
   case "$p" in
-    containerd | runc | cdivalidate | crictl) ;;
-    *) echo "gen-gomod.sh: unknown part '$p'; allowed: containerd runc cdivalidate crictl" >&2; exit 2 ;;
+    containerd | runc | cdivalidate | crictl | cni) ;;
+    *) echo "gen-gomod.sh: unknown part '$p'; allowed: containerd runc cdivalidate crictl cni" >&2; exit 2 ;;
   esac
 done
 wanted() { local p; for p in "${parts[@]}"; do [[ "$p" == "$1" ]] && return 0; done; return 1; }
@@ -50,4 +52,11 @@ gen cdivalidate flexmig.dev/e2e/k8sbuild/node/cdivalidate "require tags.cncf.io/
 gen crictl flexmig.dev/e2e/k8sbuild/node/crictl "require sigs.k8s.io/cri-tools ${CRICTL_VERSION}
 
 tool sigs.k8s.io/cri-tools/cmd/crictl"
-echo "regenerated node go.mod/go.sum (${parts[*]}): containerd ${CONTAINERD_VERSION}, runc ${RUNC_VERSION}, cdi ${CDI_LIB_VERSION}, cri-tools ${CRICTL_VERSION}"
+gen cni flexmig.dev/e2e/k8sbuild/node/cni "require github.com/containernetworking/plugins ${CNI_PLUGINS_VERSION}
+
+tool (
+	github.com/containernetworking/plugins/plugins/ipam/host-local
+	github.com/containernetworking/plugins/plugins/main/bridge
+	github.com/containernetworking/plugins/plugins/main/loopback
+)"
+echo "regenerated node go.mod/go.sum (${parts[*]}): containerd ${CONTAINERD_VERSION}, runc ${RUNC_VERSION}, cdi ${CDI_LIB_VERSION}, cri-tools ${CRICTL_VERSION}, cni plugins ${CNI_PLUGINS_VERSION}"
