@@ -11,6 +11,8 @@ and HAMi-core alternatives takes the one stranding the least memory: controller/
 a user's claim the order is the user's priority), enforces `matchAttribute` / `distinctAttribute`
 constraints, and re-checks the result against the published counters (MIG and whole devices) before
 anything is written. `allocationMode: All` is tried node by node (controller/allocation/allmode.py);
+adminAccess requests get their devices after the rest (controller/allocation/adminaccess.py); the
+results of a placed combination are built by controller/allocation/results.py;
 the rules kept from kube-scheduler's allocator (the 32-result limit, tolerations in results) are in
 controller/allocation/upstream.py. docs/native-claims.md lists every field and the differences.
 """
@@ -18,11 +20,10 @@ controller/allocation/upstream.py. docs/native-claims.md lists every field and t
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from typing import Any
 
-from api.constants import DRIVER_NAME
-from controller.allocation import allmode
+from controller.allocation import adminaccess, allmode
 from controller.allocation.decision import (
     ClaimAllocation,
     ControllerReason,
@@ -31,7 +32,8 @@ from controller.allocation.decision import (
     short_reason_values,
 )
 from controller.allocation.nomatch import no_match_message
-from controller.allocation.upstream import explain, one_node, result_limit, shim_claim, tolerated
+from controller.allocation.results import decision_of
+from controller.allocation.upstream import explain, one_node, result_limit, shim_claim
 from controller.allocation.wholeplan import Checker, Unplaced, WholePlacer
 from controller.claims.constraints import Plan, Slot
 from controller.claims.requests import (
@@ -42,17 +44,15 @@ from controller.claims.requests import (
     RequestError,
     claim_requests,
 )
-from controller.claims.resultconfig import allocation_config, dedicated
+from controller.claims.resultconfig import dedicated
 from controller.shared.shares import (
     AltKind,
     Classified,
     ShareAmounts,
     classify,
     is_mixed,
-    mig_stranded,
-    share_result,
 )
-from controller.state.ledger import Held, Ledger, ShareUse
+from controller.state.ledger import Ledger
 from driver.policy.model import AllowedTable, DeviceRequest, EndHint, GpuRef, ShortReason
 from driver.policy.placer import Placer, Policy
 from driver.policy.sharemodel import SharedGpuState, ShareRequest
@@ -75,6 +75,7 @@ class Decider:
         self._idle: IdleGpus | None = None  # the idle GPUs, computed once per decision when needed
         self._classified: dict[tuple[str, str], Classified | Decision] = {}
         self._end_hint: EndHint | None = None
+        self._shim_uids: Set[str] = frozenset()
 
     def decide(
         self,
@@ -82,20 +83,42 @@ class Decider:
         classes: Mapping[str, Mapping[str, Any]],
         node_ok: Callable[[str], bool] | None = None,
         end_hint: EndHint | None = None,
+        shim_uids: Set[str] = frozenset(),
     ) -> Decision:
         """Place every request of `claims` on one node; `node_ok` excludes nodes (cordoned, selectors);
         `end_hint`, the pod's expected end (controller/allocation/lifetime.py), goes with every MIG
-        device to the policy, which co-locates pods ending together."""
+        device to the policy, which co-locates pods ending together. `shim_uids`: claims made from
+        shim templates that predate the claim label (controller/allocation/upstream.py)."""
         self._end_hint = end_hint
+        self._shim_uids = shim_uids
         try:
             per_claim = [claim_requests(c, classes, self.index) for c in claims]
         except RequestError as exc:
             return Decision(reason=ControllerReason.INVALID_REQUEST, message=str(exc))
+        admins, rest = adminaccess.split(per_claim)
+        if admins:
+            picker = adminaccess.AdminPicker(self.ledger, self.index, admins)
+            return picker.decide(
+                claims, classes, per_claim, rest, node_ok, lambda r, ok: self._decide(claims, classes, r, ok)
+            )
+        return self._decide(claims, classes, per_claim, node_ok)
+
+    def _decide(
+        self,
+        claims: Sequence[Mapping[str, Any]],
+        classes: Mapping[str, Mapping[str, Any]],
+        per_claim: Sequence[Sequence[ClaimRequest]],
+        node_ok: Callable[[str], bool] | None,
+    ) -> Decision:
         self._states = self.ledger.shared_states()
         self._idle = None
         self._classified = {}
         flat = [(ci, req) for ci, reqs in enumerate(per_claim) for req in reqs]
-        mixed = {i for i, (ci, req) in enumerate(flat) if shim_claim(claims[ci]) and self._mixed(req)}
+        mixed = {
+            i
+            for i, (ci, req) in enumerate(flat)
+            if shim_claim(claims[ci], self._shim_uids) and self._mixed(req)
+        }
         mixed_order = sorted(mixed)
         strict = [i for i in range(len(flat)) if i not in mixed]
         failures: list[Decision] = []
@@ -255,13 +278,13 @@ class Decider:
             return plan
         problem = self.check.violation(claims, slots, plan)
         if problem is None:
-            return self._decision(claims, classes, slots, plan, mixed)
+            return decision_of(self.ledger, self.check, claims, classes, slots, plan, mixed)
         for mig_pinned, share_pinned in self.check.pinned_variants(
             self.ledger.cluster, slots, mig_requests, share_requests, problem
         ):
             again = self._place(mig_pinned, share_pinned, whole_requests, node_ok)
             if isinstance(again, Plan) and self.check.violation(claims, slots, again) is None:
-                return self._decision(claims, classes, slots, again, mixed)
+                return decision_of(self.ledger, self.check, claims, classes, slots, again, mixed)
         return Decision(reason=ControllerReason.CONSTRAINT_UNSATISFIED, message=explain(problem))
 
     def _place(
@@ -320,69 +343,6 @@ class Decider:
     def _no_match(self, req: ClaimRequest, alt: Alternative, cands: Candidates) -> Decision:
         message = no_match_message(self.ledger.inventory, req, alt, cands.errors)
         return Decision(reason=ControllerReason.NO_MATCHING_DEVICE, message=message)
-
-    # --- result -------------------------------------------------------------------------------------
-
-    def _decision(
-        self,
-        claims: Sequence[Mapping[str, Any]],
-        classes: Mapping[str, Mapping[str, Any]],
-        slots: list[Slot],
-        plan: Plan,
-        mixed: set[int],
-    ) -> Decision:
-        devices = [self.check.device(s, plan) for s in slots]
-        problem = self.ledger.counters_allow(
-            d for s, d in zip(slots, devices, strict=True) if s.kind in (AltKind.MIG, AltKind.WHOLE)
-        )
-        if problem is not None:
-            return Decision(reason=ControllerReason.COUNTERS_EXCEEDED, message=problem)
-        node = plan.node
-        assert node is not None
-        stranded = isolated = 0
-        for s in slots:
-            if s.flat_index not in mixed:
-                continue
-            if s.kind is AltKind.MIG:
-                isolated += 1
-                stranded += mig_stranded(self.ledger.inventory, s.request, plan.mig[s.policy_name])
-            elif s.kind is AltKind.SHARED:
-                stranded += plan.shares[s.policy_name].stranded_mib
-        allocations = []
-        for ci, claim in enumerate(claims):
-            mine = [(s, d) for s, d in zip(slots, devices, strict=True) if s.claim_index == ci]
-            chosen = {s.alternative.result_name: s.alternative for s, _ in mine}
-            results: list[dict[str, Any]] = []
-            held: list[Held] = []
-            for s, d in mine:
-                if s.kind in (AltKind.MIG, AltKind.WHOLE):
-                    results.append(
-                        tolerated(
-                            {
-                                "request": s.alternative.result_name,
-                                "driver": DRIVER_NAME,
-                                "pool": d.pool,
-                                "device": d.name,
-                            },
-                            s.alternative,
-                        )
-                    )
-                    held.append((d.pool, d.name))
-                    continue
-                amount = plan.shares[s.policy_name].amount
-                result = share_result(s.alternative.result_name, d, amount)
-                results.append(tolerated(result, s.alternative))
-                held.append(
-                    ShareUse(
-                        d.pool, d.name, result["shareID"], amount.memory_mib, amount.cores, amount.shares
-                    )
-                )
-            allocations.append(
-                ClaimAllocation(
-                    claim, results, allocation_config(claim, classes, chosen), [d for _, d in mine], held
-                )
-            )
-        return Decision(node=node, allocations=allocations, stranded_mib=stranded, isolated=isolated)
 
 
 __all__ = [

@@ -41,8 +41,14 @@ def no_match_message(inventory: Inventory, req: ClaimRequest, alt: Alternative, 
     """Why no device matches `alt`: the largest MIG device published, and the selectors' CEL errors."""
     what = f"claim {req.claim} request {alt.result_name} (class {alt.class_name})"
     msg = f"{what}: no published MIG, whole-GPU or shared device matches its selectors"
-    if _tainted(inventory):
-        msg += " and tolerations (some published devices are tainted)"
+    taints = _taints(inventory)
+    if taints:
+        # Say which taints, so the user can tolerate one (or see that a maintenance rule is at work).
+        shown = ", ".join(taints[:3]) + (f" and {len(taints) - 3} more" if len(taints) > 3 else "")
+        msg += (
+            f" and tolerations (published devices are tainted: {shown}; a request tolerating a taint "
+            "may use its devices: spec.devices.requests[].exactly.tolerations)"
+        )
     largest = largest_mig_device(inventory)
     if largest:
         msg += f"; {largest}"
@@ -51,13 +57,19 @@ def no_match_message(inventory: Inventory, req: ClaimRequest, alt: Alternative, 
     return msg
 
 
-_TAINTED: weakref.WeakKeyDictionary[Inventory, bool] = weakref.WeakKeyDictionary()
+_TAINTS: weakref.WeakKeyDictionary[Inventory, list[str]] = weakref.WeakKeyDictionary()
 
 
-def _tainted(inventory: Inventory) -> bool:
-    hit = _TAINTED.get(inventory)
+def _taints(inventory: Inventory) -> list[str]:
+    """The distinct NoSchedule/NoExecute taints of the published devices, "key=value:Effect"."""
+    hit = _TAINTS.get(inventory)
     if hit is None:
-        hit = _TAINTED[inventory] = any(
-            d.raw.get("taints") for pool in inventory.pools.values() for d in pool.devices.values()
-        )
+        found = {
+            f"{t.get('key')}{'=' + str(t['value']) if t.get('value') else ''}:{t.get('effect')}"
+            for pool in inventory.pools.values()
+            for d in pool.devices.values()
+            for t in d.raw.get("taints") or ()
+            if t.get("effect") in ("NoSchedule", "NoExecute")
+        }
+        hit = _TAINTS[inventory] = sorted(found)
     return hit

@@ -58,6 +58,9 @@ def pod_size(
             return None
         for req in requests:
             alt = req.alternatives[0]
+            if alt.admin:  # consumes nothing; its placement is no burst plan's (adminaccess.py)
+                other = True
+                continue
             where = f"claim {req.claim} spec.devices.requests[{alt.result_name}]"
             try:
                 kind = classify(index, dedicated(index, alt), where)

@@ -2,19 +2,39 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from typing import Any
 
 from controller.claims.constraints import Problem
 from controller.claims.fields import ALLOCATION_RESULTS_MAX
 from controller.claims.requests import Alternative, ClaimRequest
 from controller.shared.shares import AltKind
-from controller.shim.templates import LABEL_SHIM_TEMPLATE
+from controller.shim.templates import LABEL_SHIM_TEMPLATE, shape_from_name
 
 
-def shim_claim(claim: Mapping[str, Any]) -> bool:
-    """A claim generated from a shim template (controller/shim/templates.py labels them)."""
-    return LABEL_SHIM_TEMPLATE in ((claim.get("metadata") or {}).get("labels") or {})
+def shim_claim(claim: Mapping[str, Any], shim_uids: Set[str] = frozenset()) -> bool:
+    """A claim generated from a shim template: labelled by it (controller/shim/templates.py), or in
+    `shim_uids` (`shim_generated`: templates written before they labelled their claims)."""
+    if LABEL_SHIM_TEMPLATE in ((claim.get("metadata") or {}).get("labels") or {}):
+        return True
+    return str((claim.get("metadata") or {}).get("uid")) in shim_uids
+
+
+def shim_generated(pod: Mapping[str, Any], claims: Mapping[str, Mapping[str, Any]]) -> frozenset[str]:
+    """The uids of `pod`'s claims (by pod claim entry) made from a template with a shim name.
+
+    Shim templates written before the shim labelled the claims they generate (the template spec is
+    immutable, so they are never relabelled) make unlabelled claims; the pod entry's template name
+    still says the shim wrote it: a shim name stands for the shim's fixed body (the webhook treats
+    it so too, controller/webhook/flexmigclaims.py)."""
+    out = set()
+    for entry in (pod.get("spec") or {}).get("resourceClaims") or ():
+        if not isinstance(entry, Mapping):
+            continue
+        claim = claims.get(str(entry.get("name")))
+        if claim is not None and shape_from_name(entry.get("resourceClaimTemplateName")) is not None:
+            out.add(str((claim.get("metadata") or {}).get("uid")))
+    return frozenset(out)
 
 
 def tolerated(result: dict[str, Any], alt: Alternative) -> dict[str, Any]:

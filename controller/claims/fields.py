@@ -111,3 +111,19 @@ def untolerated(device: Mapping[str, Any], tols: Sequence[Mapping[str, Any]]) ->
         if not any(tolerates(t, taint) for t in tols):
             return taint  # type: ignore[no-any-return]
     return None
+
+
+def admin_access(where: str, path: str, body: Mapping[str, Any]) -> bool:
+    """`adminAccess` of one request alternative (controller/allocation/adminaccess.py serves it)."""
+    admin = body.get("adminAccess")
+    if admin not in (None, False, True):
+        raise FieldError(f"{where}.adminAccess must be true or false, got {admin!r}")
+    if admin and ".exactly" not in path:
+        # The API has adminAccess only on `exactly` (upstream never reads it on a subrequest).
+        raise FieldError(f"{where}.adminAccess is allowed only in exactly: move the request there")
+    if admin and body.get("capacity"):
+        raise FieldError(
+            f"{where}.capacity: an adminAccess request consumes nothing, so it cannot ask for capacity; "
+            "remove capacity.requests (the admin sees the whole device)"
+        )
+    return bool(admin)

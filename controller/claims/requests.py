@@ -16,7 +16,8 @@ and no MIG or shared device is served by idle whole GPUs (driver/policy/whole.py
 gives the GPUs whose whole device it admits. Selectors admitting MIG devices as well stay MIG requests.
 
 What the controller does not allocate is refused with a message naming the field, never guessed at:
-`allocationMode: All` on MIG or shared devices (controller/allocation/allmode.py), `adminAccess`, a selector that is not CEL or a constraint of an unknown kind
+`allocationMode: All` on MIG or shared devices (controller/allocation/allmode.py), `adminAccess` outside
+`exactly` or with capacity, a selector that is not CEL or a constraint of an unknown kind
 (controller/claims/fields.py), a claim whose requests need more than 32 results, an opaque config
 for gpu.flexmig.dev that is not a known type (api/opaqueconfig.py), and a memoryPercentage config that
 applies only to requests no share can serve (or names no request of the claim). Capacity requests on
@@ -26,7 +27,7 @@ ride in the selector set, so tainted devices drop out of the candidates (fields.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -56,6 +57,9 @@ class Alternative:
     # Copied into every result (upstream does); the selectors carry them for candidate filtering.
     tolerations: tuple[dict[str, Any], ...] = field(default=(), compare=False)
     all_devices: bool = False  # allocationMode All (whole GPUs only: controller/allocation/allmode.py)
+    admin: bool = (
+        False  # adminAccess: any matching device, in use or not (controller/allocation/adminaccess.py)
+    )
 
     @property
     def request_name(self) -> str:
@@ -99,12 +103,10 @@ def _alternative(
     mode = body.get("allocationMode") or "ExactCount"
     if mode not in ("ExactCount", "All"):
         raise RequestError(f"{where}.allocationMode {mode!r} is not known; allowed: ExactCount, All")
-    if body.get("adminAccess"):
-        raise RequestError(
-            f"{where}.adminAccess is not supported by flexmig (its devices are allocated exclusively, "
-            "and a free MIG placement has no instance an admin could share); remove it: the devices "
-            "in use are listed in the claims' status.allocation and on the node (nvidia-smi)"
-        )
+    try:
+        admin = fields.admin_access(where, path, body)
+    except fields.FieldError as exc:
+        raise RequestError(str(exc)) from exc
     try:
         sels = fields.selectors(f"DeviceClass {class_name} spec", device_class.get("spec"))
         sels += fields.selectors(path, body)
@@ -130,6 +132,7 @@ def _alternative(
         capacity is not None,
         tols,
         mode == "All",
+        admin,
     )
 
 
@@ -311,6 +314,11 @@ class CandidateIndex:
                 errors.append(verdict)
             return False
         return True
+
+    def matcher(self, selectors: tuple[str, ...]) -> Callable[[PublishedDevice], bool]:
+        """Whether one published device passes a selector set (CEL and taints), for any device kind."""
+        compiled, errors = self._compiled(selectors), list[str]()
+        return lambda dev: self._match(compiled, dev, errors)
 
     def may_share(self, alt: Alternative) -> bool:
         """Whether HAMi-core shares may serve `alt`, by the rule of controller/shared/shares.py `classify`:

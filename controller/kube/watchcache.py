@@ -313,6 +313,39 @@ class Store:
 RESOURCES = ("resourceslices", "resourceclaims", "deviceclasses", "pods", "nodes")
 
 
+NOT_SERVED_RECHECK_S = 60.0
+
+
+class _EmptyList:
+    """What a LIST of a resource the API does not serve reads as: no objects."""
+
+    data = b'{"items": [], "metadata": {"resourceVersion": ""}}'
+
+
+class OptionalList:
+    """List and watch of a resource the API server may not serve (DeviceTaintRules are resource.k8s.io/v1
+    from 1.37): a 404 lists as empty, so the cache syncs and nothing waits on it; its watch waits
+    `NOT_SERVED_RECHECK_S` and then asks for a relist (a 410, no backoff), so a resource served after an
+    API server upgrade is found without a restart. Any other error is the reflector's, as usual."""
+
+    def __init__(self, list_fn: ListFn, stop: threading.Event | None = None) -> None:
+        self.list_fn = list_fn
+        self.stop = stop or threading.Event()
+
+    def __call__(self, **kwargs: Any) -> Any:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return self.list_fn(**kwargs)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        if kwargs.get("watch"):
+            self.stop.wait(NOT_SERVED_RECHECK_S)
+            raise ApiException(status=410, reason="not served yet: list again")
+        return _EmptyList()
+
+
 class WatchCache:
     """The stores of every resource the controller reads, fed by reflectors through one queue."""
 
@@ -351,16 +384,20 @@ class WatchCache:
 
         resource = k8s.ResourceV1Api(api_client)
         core = k8s.CoreV1Api(api_client)
-        return cls(
-            {
-                "resourceslices": resource.list_resource_slice,
-                "resourceclaims": resource.list_resource_claim_for_all_namespaces,
-                "deviceclasses": resource.list_device_class,
-                "pods": core.list_pod_for_all_namespaces,
-                "nodes": core.list_node,
-            },
-            **kwargs,
-        )
+        list_fns: dict[str, ListFn] = {
+            "resourceslices": resource.list_resource_slice,
+            "resourceclaims": resource.list_resource_claim_for_all_namespaces,
+            "deviceclasses": resource.list_device_class,
+            "pods": core.list_pod_for_all_namespaces,
+            "nodes": core.list_node,
+        }
+        # DeviceTaintRules are resource.k8s.io/v1 from 1.37 (controller/state/taintrules.py): before,
+        # the list is empty instead of an error a reflector would retry forever.
+        rules = OptionalList(resource.list_device_taint_rule)
+        list_fns["devicetaintrules"] = rules
+        cache = cls(list_fns, **kwargs)
+        rules.stop = cache.stop_event
+        return cache
 
     def start(self) -> None:
         for r in self.reflectors:

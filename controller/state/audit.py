@@ -50,7 +50,8 @@ def _results(claim: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     try:
         alloc = (claim.get("status") or {}).get("allocation") or {}
         results = (alloc.get("devices") or {}).get("results") or ()
-        return [r for r in results if r.get("driver") == DRIVER_NAME]
+        # adminAccess results hold nothing (upstream): a device they name is not held twice.
+        return [r for r in results if r.get("driver") == DRIVER_NAME and not r.get("adminAccess")]
     except (AttributeError, TypeError) as exc:
         raise ValueError(f"status.allocation is not readable: {exc}") from exc
 

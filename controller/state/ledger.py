@@ -1,7 +1,7 @@
 """Which published devices are in use, by whom, and what that leaves: occupancies and counters.
 
-Every device named in any claim's `status.allocation` of our driver counts as used, whoever allocated
-it (kube-scheduler in `scheduler` mode, another controller replica, us). The ledger turns those into
+Every device named in any claim's `status.allocation` of our driver counts as used (an adminAccess
+result excepted: it watches a device without holding it, as upstream), whoever allocated it (kube-scheduler in `scheduler` mode, another controller replica, us). The ledger turns those into
 each GPU's `Occupancy` inside one `ClusterState` (the policy's view, kept current incrementally) and
 sums counter consumption per (pool, counter set) exactly as kube-scheduler does, as an independent check
 that no allocation we write could exceed a counter.
@@ -82,14 +82,15 @@ def _is_shared(result: Mapping[str, Any]) -> bool:
 
 
 def claim_holdings(claim: Mapping[str, Any] | None) -> list[Held]:
-    """Every device of our driver in a claim's status.allocation (shares with what they consume)."""
+    """Every device of our driver a claim's status.allocation holds (shares with what they consume);
+    adminAccess results hold nothing, so they are neither counted nor ever a double hold."""
     results = (((claim or {}).get("status") or {}).get("allocation") or {}).get("devices", {}).get(
         "results"
     ) or ()
     out: list[Held] = []
     for i, r in enumerate(results):
-        if r.get("driver") != DRIVER_NAME:
-            continue
+        if r.get("driver") != DRIVER_NAME or r.get("adminAccess"):
+            continue  # an adminAccess result does not hold its device (upstream), whoever allocated it
         if r.get("shareID") is None and r.get("consumedCapacity") is None and not _is_shared(r):
             out.append((str(r["pool"]), str(r["device"])))
             continue

@@ -109,7 +109,12 @@ def collect_allocations(
     for claim in sorted(claims, key=_key):
         status = claim.get("status") or {}
         results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or ()
-        ours = [r for r in results if r.get("driver") == driver and r.get("pool") and r.get("device")]
+        # adminAccess results watch a device without holding it: not a holder, never a conflict.
+        ours = [
+            r
+            for r in results
+            if r.get("driver") == driver and r.get("pool") and r.get("device") and not r.get("adminAccess")
+        ]
         if not ours:
             continue
         data = {

@@ -64,6 +64,9 @@ class PreparedDeviceRecord:
     created_ci: bool = False
     cdi_device_ids: tuple[str, ...] = ()
     shares: tuple[SharedShare, ...] = ()
+    # adminAccess: an existing instance or GPU exposed for monitoring; nothing was created for it, it
+    # holds nothing (no overlap, no placement ownership) and unprepare destroys nothing.
+    admin: bool = False
 
     @property
     def is_mig(self) -> bool:
@@ -125,6 +128,8 @@ def _device_to_json(d: PreparedDeviceRecord) -> dict[str, Any]:
         out[key] = list(value) if isinstance(value, tuple) else value
     if d.shares:  # only shared GPUs: MIG/whole records keep the exact layout of earlier versions
         out["shares"] = shares_to_json(d.shares)
+    if d.admin:  # only admin records: the others keep the layout of earlier versions
+        out["adminAccess"] = True
     return out
 
 
@@ -152,7 +157,10 @@ def _device_from_json(where: str, raw: Any) -> PreparedDeviceRecord:
         shares = shares_from_json(raw.get("shares"))
     except ValueError as exc:
         raise CheckpointCorrupt(f"{where}: {exc}") from None
-    return PreparedDeviceRecord(**kwargs, shares=shares)
+    admin = raw.get("adminAccess", False)
+    if not isinstance(admin, bool):
+        raise CheckpointCorrupt(f"{where}: field 'adminAccess' has the wrong type ({type(admin).__name__})")
+    return PreparedDeviceRecord(**kwargs, shares=shares, admin=admin)
 
 
 def _claim_to_json(c: ClaimCheckpoint) -> dict[str, Any]:

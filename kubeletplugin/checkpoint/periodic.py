@@ -169,7 +169,8 @@ class PeriodicReconciler:
                     d.gi_id
                     for c in self._store.load().claims.values()
                     for d in c.devices
-                    if d.gpu_index == gpu.index and d.gi_id is not None
+                    # An admin record watches its holder's instance: it makes nothing "owned".
+                    if d.gpu_index == gpu.index and d.gi_id is not None and not d.admin
                 }
             found.update(ForeignInstance.of(gpu.index, gi) for gi in instances if gi.gi_id not in owned)
         report.foreign = sorted(found)

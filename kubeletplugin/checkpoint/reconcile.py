@@ -107,7 +107,10 @@ def reconcile(
                     log.warning("cannot read a pod for its metrics", pod=pod.name, error=str(exc))
 
     owned = {
-        (d.gpu_index, d.gi_id) for c in store.load().claims.values() for d in c.devices if d.gi_id is not None
+        (d.gpu_index, d.gi_id)
+        for c in store.load().claims.values()
+        for d in c.devices
+        if d.gi_id is not None and not d.admin  # an admin record watches an instance, owns none
     }
     for gpu in gpus:
         try:

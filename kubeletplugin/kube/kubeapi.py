@@ -34,6 +34,8 @@ class AllocatedDevice:
     # Set for devices that allow multiple allocations (HAMi-core shares, contract C2 in docs/architecture.md).
     share_id: str | None = None
     consumed_capacity: Mapping[str, str] = field(default_factory=dict)
+    # adminAccess: watch the device without holding it (never create or destroy anything for it).
+    admin_access: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +52,8 @@ class ClaimView:
     uid: str
     devices: tuple[AllocatedDevice, ...]
     reserved_for: tuple[PodRef, ...]
+    # status.allocation.devices.config: the configs the allocator copied from class and claim.
+    config: tuple[Mapping[str, Any], ...] = ()
 
 
 class ClaimNotFound(LookupError):
@@ -80,6 +84,7 @@ def claim_view_from_dict(obj: JsonDict) -> ClaimView:
             device=str(r.get("device", "")),
             share_id=str(r["shareID"]) if r.get("shareID") else None,
             consumed_capacity={str(k): str(v) for k, v in (r.get("consumedCapacity") or {}).items()},
+            admin_access=r.get("adminAccess") is True,
         )
         for r in results
     )
@@ -96,6 +101,11 @@ def claim_view_from_dict(obj: JsonDict) -> ClaimView:
         uid=str(meta.get("uid", "")),
         devices=devices,
         reserved_for=reserved,
+        config=tuple(
+            c
+            for c in ((status.get("allocation") or {}).get("devices") or {}).get("config") or ()
+            if isinstance(c, Mapping)
+        ),
     )
 
 

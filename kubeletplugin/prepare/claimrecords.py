@@ -2,7 +2,8 @@
 
 Pure lookups: the allocator chose the devices, the inventory says which GPU, profile and placement a
 name stands for. Results of other drivers are skipped; a result naming another node's pool, a name this
-node does not publish, or a MIG or whole-GPU device named by two results is the claim's error.
+node does not publish, or a MIG or whole-GPU device named by two results is the claim's error. A
+result with adminAccess becomes an `admin` record: nothing is created or destroyed for it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from kubeletplugin.checkpoint.model import PreparedDeviceRecord
 from kubeletplugin.kube.kubeapi import AllocatedDevice, ClaimView
 from kubeletplugin.publish.inventory import Inventory
 from kubeletplugin.shared.prepare import shares_of
+from kubeletplugin.shared.shareconfig import ShareConfigError
 
 log = structlog.get_logger(__name__)
 
@@ -59,10 +61,15 @@ def records_for(view: ClaimView, node: str, inventory: Inventory) -> list[Prepar
             f"devices {twice} are allocated to more than one request of the claim "
             f"({', '.join(f'{n}: {sorted(requests[n])}' for n in twice)}); only a shared GPU may be"
         )
+    mixed = sorted(n for n, rs in results.items() if len({r.admin_access for r in rs}) > 1)
+    if mixed:
+        # Upstream never gives one claim a device twice; held and watched at once would be both.
+        raise UnknownDevices(f"devices {mixed} are allocated to this claim both with and without adminAccess")
     records = []
     for name, reqs in requests.items():
         nd = inventory.get(name)
         assert nd is not None
+        admin = results[name][0].admin_access
         base = PreparedDeviceRecord(
             # One request may name a shared device more than once (several shares of one GPU).
             request_names=tuple(dict.fromkeys(reqs)),
@@ -70,6 +77,7 @@ def records_for(view: ClaimView, node: str, inventory: Inventory) -> list[Prepar
             device_name=name,
             gpu_index=nd.gpu.index,
             gpu_uuid=nd.gpu.uuid,
+            admin=admin,
         )
         if nd.kind is DeviceKind.MIG:
             assert nd.profile is not None and nd.placement is not None
@@ -80,10 +88,15 @@ def records_for(view: ClaimView, node: str, inventory: Inventory) -> list[Prepar
                 gi_profile_id=nd.profile.gi_profile_id,
                 placement_start=nd.placement.start,
                 placement_size=nd.placement.size,
-                created_gi=True,
-                created_ci=True,
+                # An admin record exposes the instance its holder made: never ours to destroy.
+                created_gi=not admin,
+                created_ci=not admin,
             )
-        elif nd.kind is DeviceKind.SHARED:
-            base = dataclasses.replace(base, shares=shares_of(results[name], nd.gpu.memory_total_mib))
+        elif nd.kind is DeviceKind.SHARED and not admin:  # an admin sees the whole GPU, unlimited
+            try:
+                shares = shares_of(results[name], nd.gpu.memory_total_mib, view.config)
+            except ShareConfigError as exc:
+                raise UnknownDevices(f"device {name}: {exc}") from None
+            base = dataclasses.replace(base, shares=shares)
         records.append(base)
     return records

@@ -8,7 +8,8 @@ On one GPU:
 - a whole GPU overlaps everything else on that GPU (another whole, any MIG device, any share);
 - a MIG device overlaps a whole GPU, any share, and a MIG device whose placement intersects its own;
 - a HAMi-core share overlaps a whole GPU and any MIG device; shares of one GPU go together as long as
-  their sum stays within the GPU's published capacity (split count, memory, cores).
+  their sum stays within the GPU's published capacity (split count, memory, cores);
+- an adminAccess device overlaps nothing: it exposes what exists for monitoring and holds nothing.
 
 The checkpoint is what says what is prepared, so `PrepareStarted` entries count too: they are either
 in flight on other GPUs (their GPU locks keep them off ours) or left by a failed rollback, and then their
@@ -46,8 +47,8 @@ def _kind(rec: PreparedDeviceRecord) -> str:
 
 def records_overlap(a: PreparedDeviceRecord, b: PreparedDeviceRecord) -> bool:
     """Whether two devices may not be prepared at the same time (shares are checked by capacity)."""
-    if a.gpu_index != b.gpu_index:
-        return False
+    if a.gpu_index != b.gpu_index or a.admin or b.admin:
+        return False  # an adminAccess device is watched, not held: it overlaps nothing
     if a.is_shared and b.is_shared:
         return False
     if a.is_mig and b.is_mig:

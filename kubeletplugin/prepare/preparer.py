@@ -254,10 +254,10 @@ class Preparer:
             (d.gpu_index, d.gi_id): c.uid
             for c in checkpoint.claims.values()
             for d in c.devices
-            if d.gi_id is not None
+            if d.gi_id is not None and not d.admin
         }
         for rec in records:
-            if rec.is_mig:
+            if rec.is_mig and not rec.admin:  # an admin record needs the instance, not a free placement
                 check_placement_free(self._ops, rec, owners)
         started = ClaimCheckpoint(
             ref.uid, view.namespace, view.name, ClaimState.PREPARE_STARTED, tuple(records)

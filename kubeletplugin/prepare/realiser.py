@@ -3,7 +3,8 @@
 `realise` takes a claim whose PrepareStarted entry is in the checkpoint and makes its devices real:
 MIG mode per GPU (kubeletplugin/prepare/migmode.py), a GI and a full CI per MIG device with their ids
 recorded as NVML returns them (kubeletplugin/prepare/steps.py), a check that each HAMi-core shared GPU
-is there as published, and the CDI devices and HAMi-core edits the claim's spec needs. `rollback` undoes
+is there as published, and the CDI devices and HAMi-core edits the claim's spec needs. An adminAccess
+device is only exposed: the MIG instance its holder made (found by placement), or the GPU as it is. `rollback` undoes
 an entry, started or completed: instances by their recorded ids, the CDI spec, the HAMi-core state,
 the checkpoint entry, and the MIG-mode hold of each GPU it touched.
 
@@ -27,7 +28,13 @@ from kubeletplugin.kube.statuswriter import StatusWriter
 from kubeletplugin.prepare.migmode import MigModeManager
 from kubeletplugin.prepare.nvmlops import NvmlOps
 from kubeletplugin.prepare.overlap import SharedLimits
-from kubeletplugin.prepare.steps import RealisedClaim, check_shared_gpu, destroy_mig, realise_mig
+from kubeletplugin.prepare.steps import (
+    RealisedClaim,
+    check_shared_gpu,
+    destroy_mig,
+    existing_mig,
+    realise_mig,
+)
 from kubeletplugin.publish.inventory import Inventory
 from kubeletplugin.shared.hamicore import HamiCoreSupport
 from kubeletplugin.shared.prepare import shared_cdi_devices
@@ -64,9 +71,11 @@ class ClaimRealiser:
         self._split_count = shared_split_count
 
     def realise(self, started: ClaimCheckpoint) -> RealisedClaim:
-        for index in sorted({d.gpu_index for d in started.devices if d.is_mig}):
+        # An admin record never switches MIG mode: it watches the GPU as it is.
+        owned = [d for d in started.devices if not d.admin]
+        for index in sorted({d.gpu_index for d in owned if d.is_mig}):
             self._migmode.ensure_for_mig(index)
-        for index in sorted({d.gpu_index for d in started.devices if not d.is_mig and not d.is_shared}):
+        for index in sorted({d.gpu_index for d in owned if not d.is_mig and not d.is_shared}):
             self._migmode.ensure_for_whole(index)
         for rec in started.devices:
             if rec.is_shared:
@@ -75,7 +84,10 @@ class ClaimRealiser:
         devices: list[PreparedDeviceRecord] = []
         cdi_devices: list[cdi.PreparedDevice] = []
         for rec in started.devices:
-            if rec.is_mig:
+            if rec.is_mig and rec.admin:
+                mig = existing_mig(self._ops, rec)
+                rec = dataclasses.replace(rec, gi_id=mig.gi_id, ci_id=mig.ci_id, mig_uuid=mig.mig_uuid)
+            elif rec.is_mig:
                 mig = realise_mig(
                     self._ops, rec, self._crash, self._id_recorder(started.uid, rec.device_name)
                 )
@@ -153,7 +165,7 @@ class ClaimRealiser:
         run before the servers start). Instances are found by the ids recorded at creation;
         `by_placement` is only for the startup reconcile of a prepare a crash interrupted (destroy_mig).
         """
-        touched = sorted({d.gpu_index for d in entry.devices if d.is_mig})
+        touched = sorted({d.gpu_index for d in entry.devices if d.is_mig and not d.admin})
         destroyed = 0
         for rec in entry.devices:
             if rec.is_mig and destroy_mig(self._ops, rec, self._crash, by_placement=by_placement):

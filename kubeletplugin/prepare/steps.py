@@ -141,6 +141,23 @@ def realise_mig(
     return RealisedMig(gi.gi_id, ci.ci_id, ops.mig_uuid(rec.gpu_index, gi.gi_id, ci.ci_id))
 
 
+def existing_mig(ops: NvmlOps, rec: PreparedDeviceRecord) -> RealisedMig:
+    """The instance another claim made at an adminAccess record's placement (nothing is created).
+
+    Without one the prepare fails and kubelet retries: the holder's pod may not be prepared yet."""
+    gi = find_gi(ops, rec, by_placement=True)
+    cis = ops.compute_instances(rec.gpu_index, gi.gi_id) if gi is not None else []
+    if gi is None or not cis:
+        raise NvmlError(
+            "adminAccess",
+            NvmlErrorCode.NOT_FOUND,
+            f"no MIG instance at placement {rec.placement_start}:{rec.placement_size} of GPU "
+            f"{rec.gpu_index} for adminAccess device {rec.device_name}: adminAccess exposes the instance "
+            "the claim holding the device made and never creates one (retried until it exists)",
+        )
+    return RealisedMig(gi.gi_id, cis[0].ci_id, ops.mig_uuid(rec.gpu_index, gi.gi_id, cis[0].ci_id))
+
+
 def destroy_mig(
     ops: NvmlOps, rec: PreparedDeviceRecord, crash: Crashpoints, *, by_placement: bool = False
 ) -> bool:

@@ -8,19 +8,31 @@ the same claim several shares of one GPU, the container sees that GPU once, limi
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from driver import cdi, hamicore
 from kubeletplugin.agent.metrics import SharedGpuUsage
 from kubeletplugin.checkpoint.model import ClaimCheckpoint, ClaimState, PreparedDeviceRecord
 from kubeletplugin.kube.kubeapi import AllocatedDevice
 from kubeletplugin.shared.capacity import MAX_CORES, SharedShare, share_from_result
+from kubeletplugin.shared.shareconfig import memory_percent, sized
 
 
-def shares_of(results: Sequence[AllocatedDevice], gpu_memory_mib: int) -> tuple[SharedShare, ...]:
-    """The shares the results naming one shared device hold (in result order)."""
+def shares_of(
+    results: Sequence[AllocatedDevice], gpu_memory_mib: int, config: Sequence[Mapping[str, Any]] = ()
+) -> tuple[SharedShare, ...]:
+    """The shares the results naming one shared device hold (in result order), each sized by a
+    memoryPercentage config of the allocation that applies to it (kubeletplugin/shared/shareconfig.py).
+
+    ShareConfigError when our config in `config` cannot be read."""
     return tuple(
-        share_from_result(r.device, r.share_id, r.consumed_capacity, gpu_memory_mib) for r in results
+        sized(
+            share_from_result(r.device, r.share_id, r.consumed_capacity, gpu_memory_mib),
+            memory_percent(config, r.request),
+            gpu_memory_mib,
+        )
+        for r in results
     )
 
 

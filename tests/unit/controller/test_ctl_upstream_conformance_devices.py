@@ -84,13 +84,6 @@ def test_tainted_prioritized_list() -> None:
     assert not decider(taints={0: [TAINT_NO_SCHEDULE]}).decide([c], CLASSES).ok
 
 
-@upstream("tainted-admin-access", "refused")
-def test_tainted_admin_access() -> None:
-    # Upstream does not allocate either (the taint), but flexmig refuses adminAccess first.
-    d = decider(taints={0: [TAINT_NO_SCHEDULE]})
-    assert d.decide([claim("c", ex("req-0", adminAccess=True))], CLASSES).reason == INVALID
-
-
 @upstream("tainted-all-devices-single", "same")
 def test_tainted_all_devices_single() -> None:
     assert not decider(taints={0: [TAINT_NO_SCHEDULE]}, model=H100).decide([_all()], CLASSES).ok

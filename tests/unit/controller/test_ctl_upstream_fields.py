@@ -13,6 +13,7 @@ from shared_helpers import any_claim, hami_body
 from shared_helpers import decider as shared_decider
 
 from controller.allocation.decide import ControllerReason, Decider
+from controller.allocation.upstream import shim_generated
 from controller.claims.cel import CelEnvironment
 from controller.claims.requests import CandidateIndex
 from controller.state.inventory import Inventory
@@ -130,6 +131,24 @@ def test_a_users_claim_takes_the_first_alternative_that_fits() -> None:
     del c["metadata"]["labels"]
     decision = d.decide([c], SHARED_CLASSES)
     assert decision.ok and decision.allocations[0].results[0]["request"] == "gpus/mig"
+
+
+def test_a_claim_of_a_shim_template_older_than_the_label_keeps_the_shims_order() -> None:
+    # Templates the shim wrote before it labelled their claims make unlabelled claims; the pod's
+    # entry still names a shim template, so the claim is the shim's (strand-least, the share).
+    d = shared_decider({"h": [40960]}, mig={"m": ("A100-40GB", 1)})
+    c = any_claim("c", 4000, hami_body(memory=4000))
+    del c["metadata"]["labels"]
+    pod = {
+        "spec": {"resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "flexmig-any-1x4000mi-c0"}]}
+    }
+    uids = shim_generated(pod, {"gpus": c})
+    assert uids == {c["metadata"]["uid"]}
+    decision = d.decide([c], SHARED_CLASSES, shim_uids=uids)
+    assert decision.ok and decision.allocations[0].results[0]["request"] == "gpus/hami-core"
+    # A user's template name is not a shim shape: the claim stays the user's.
+    user = {"spec": {"resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "my-gpu"}]}}
+    assert shim_generated(user, {"gpus": c}) == frozenset()
 
 
 # --- the per-claim result limit --------------------------------------------------------------------
