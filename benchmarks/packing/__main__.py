@@ -4,7 +4,8 @@ Online (per scenario and load): first fit, HAMi v2.10's heuristic, HAMi after it
 (`hami-2855`), flexmig, and the repacking bound, all on the same seeded pod streams (`--policies`
 narrows the policies). Offline: GPUs used per order against the exact optimum (HiGHS).
 Scale: decision latency and peak RSS at 1,000 and 5,000 nodes x 8 GPUs, one- and two-device pods.
-With `--hints exact,noisy` also flexmig with lifetime hints against none (hints.py). Prints Markdown
+With `--hints exact,noisy` also flexmig with lifetime hints against none (hints.py); with
+`--priority-mix 0.1,0.25` flexmig with priority preemption off and on (priority.py). Prints Markdown
 tables.
 """
 
@@ -22,7 +23,7 @@ from driver.policy.allocator import HINT_WEIGHT, FirstFitPolicy, PackingPolicy, 
 from driver.policy.hami import HamiPolicy
 from driver.policy.hami_scored import HamiScoredPolicy
 
-from . import hints, offline, online
+from . import hints, offline, online, priority
 
 LOADS = (0.7, 0.9, 1.1)
 
@@ -159,8 +160,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=f"{HINT_WEIGHT:g}",
         help="comma-separated PackingPolicy hint weights for --hints (default: the policy's)",
     )
+    parser.add_argument(
+        "--priority-mix",
+        default="",
+        help="comma-separated shares of high-priority pods (e.g. 0.1,0.25) for a table of flexmig with "
+        "priority preemption off and on (priority.py; default: no such table)",
+    )
     parser.add_argument("--out", help="also write the Markdown here")
     args = parser.parse_args(argv)
+    try:
+        high_shares = [float(x) for x in args.priority_mix.split(",") if x]
+    except ValueError:
+        parser.error(f"--priority-mix: not numbers: {args.priority_mix!r}")
+    if any(not 0 < x <= 1 for x in high_shares):
+        parser.error(f"--priority-mix: shares must be in (0, 1], got {args.priority_mix!r}")
     modes = [m for m in args.hints.split(",") if m]
     if set(modes) - set(hints.MODES):
         parser.error(
@@ -201,6 +214,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"### Lifetime hints, flexmig ({args.seeds} seeds x {args.pods} pods, first 20 % skipped; "
             f"noisy = lifetime x lognormal(0, {hints.NOISE_SIGMA}))\n\n"
             + hints.hint_table(args.seeds, args.pods, scenarios, loads, modes, hint_weights)
+        )
+    if high_shares:
+        parts.append(
+            f"### Priority mix, flexmig ({args.seeds} seeds x {args.pods} pods, first 20 % skipped; a pod "
+            f"that does not fit waits up to {priority.PATIENCE:g} (mean lifetime {online.MEAN_LIFETIME:g}); "
+            "evicted pods restart from the beginning)\n\n"
+            + priority.priority_table(args.seeds, args.pods, scenarios, loads, high_shares)
         )
     if "offline" not in skip:
         parts.append(

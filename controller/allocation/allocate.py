@@ -28,7 +28,9 @@ from controller.allocation.lifetime import ClaimEnds, decision_hint
 from controller.allocation.nodefilter import NodeFilter, PodRules
 from controller.allocation.nodeselector import pinned_nodes
 from controller.allocation.podsize import pod_size
+from controller.allocation.preempt import Preemption
 from controller.allocation.uncertain import UncertainClaims
+from controller.allocation.upstream import shim_generated
 from controller.claims.podclaims import (
     ClaimsPending,
     allocation_results,
@@ -81,6 +83,7 @@ class PodAllocation:
     hint_warned: dict[str, str]  # pod uid -> the bad expected-duration value already reported
     claim_ends: ClaimEnds  # expected ends of hinted pods, by claim (controller/allocation/lifetime.py)
     uncertain: UncertainClaims  # claim writes whose outcome is unknown (controller/allocation/uncertain.py)
+    preemption: Preemption  # evictions for pods of higher priority (controller/allocation/preempt.py)
 
     def _pod_size(self, key: str) -> PodSize | None:
         """A pending pod's size for the batch order, read once and kept on its `Pending` record (the
@@ -140,14 +143,24 @@ class PodAllocation:
             started = time.perf_counter()
             node_ok = self._node_filter(pod, allocated)
             hint = self._end_hint(pod)
+            self.preemption.before_decide(self.ledger, key)  # what a preemption freed for it is its own
             decision = Decider(self.ledger, self.index, self.placer).decide(
-                todo, self.cache["deviceclasses"], node_ok=node_ok, end_hint=hint
+                todo,
+                self.cache["deviceclasses"],
+                node_ok=node_ok,
+                end_hint=hint,
+                shim_uids=shim_generated(pod, claims),
             )
             self.metrics.decision_latency.observe(time.perf_counter() - started)
             if not decision.ok:
+                self.preemption.not_placed(self.ledger, key)
                 excluded = node_ok.summary()  # says why nodes with room did not count, if any
                 parts = [decision.message] + ([f"excluded for this pod: {excluded}"] if excluded else [])
                 message = "; ".join(p for p in parts if p)
+                preempting = self.preemption.preempt(self, pod, todo, node_ok, hint, decision)
+                if preempting is not None:  # controller/allocation/preempt.py wrote the Events
+                    self._unplaced(pod, pending, "Preempting", f"{message}; {preempting}", warn=False)
+                    return
                 self._unplaced(pod, pending, str(decision.reason), message)
                 return
             results: dict[str, Iterable[Mapping[str, Any]]] = {
@@ -356,6 +369,7 @@ class PodAllocation:
             raise
         self.cache.stores["pods"].assume(released)
         self.pending.pop(object_key(pod), None)
+        self.preemption.placed(self.ledger, object_key(pod))
         self.metrics.allocation_latency.observe(time.monotonic() - pending.first_seen)
         pins = pinned_nodes(claims.values())
         where = pins.description if pins is not None else "on any node"
@@ -363,7 +377,7 @@ class PodAllocation:
         if pending.reason:
             self.writer.set_condition(released, "True", "Allocated", f"allocated {where}")
 
-    def _unplaced(self, pod: Obj, pending: Pending, reason: str, message: str) -> None:
+    def _unplaced(self, pod: Obj, pending: Pending, reason: str, message: str, *, warn: bool = True) -> None:
         if (pending.reason, pending.message) == (reason, message):
             return  # already surfaced; retried when capacity changes
         log.info("pod not placed", pod=object_key(pod), reason=reason, message=message)
@@ -374,7 +388,8 @@ class PodAllocation:
         # Recorded only once the condition is written: a failed write is retried on the next resync
         # instead of leaving the pod gated with no stated reason.
         pending.reason, pending.message = reason, message
-        self.writer.event(pod, "Pod", "Warning", "FailedAllocation", f"{reason}: {message}")
+        if warn:  # a preemption under way has its own Normal event (Preempting)
+            self.writer.event(pod, "Pod", "Warning", "FailedAllocation", f"{reason}: {message}")
 
 
 __all__ = ["Pending", "PodAllocation", "StaleCache", "allocated_devices"]

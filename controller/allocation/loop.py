@@ -65,6 +65,7 @@ from controller.allocation.deallocate import deallocate, has_finalizer, needs_at
 from controller.allocation.doublehold import DoubleHoldReporter
 from controller.allocation.lifetime import ClaimEnds, running_end
 from controller.allocation.nodefilter import schedulable_view
+from controller.allocation.preempt import Preemption
 from controller.allocation.skips import SkipReporter
 from controller.allocation.uncertain import UncertainClaims
 from controller.claims.cel import CelEnvironment
@@ -75,6 +76,7 @@ from controller.kube.writer import CONDITION_TYPE, NotLeader, Writer, is_conflic
 from controller.runtime.metrics import ControllerMetrics, Snapshot, instance_rows
 from controller.state.inventory import Inventory
 from controller.state.ledger import Ledger
+from controller.state.taintrules import with_taint_rules
 from driver.looprunner import LoopRunner
 from driver.policy.placer import AGE_FIRST_AFTER_S, BURST_PLAN_BUDGET_S, Placer, Policy
 
@@ -102,6 +104,7 @@ class Controller(PodAllocation):
         age_first_after_s: float = AGE_FIRST_AFTER_S,
         burst_budget_s: float = BURST_PLAN_BUDGET_S,
         catch_up: bool = True,
+        preemption: Preemption | None = None,
     ) -> None:
         self.cache = cache
         self.age_first_after_s = age_first_after_s
@@ -130,6 +133,7 @@ class Controller(PodAllocation):
         # Off only where no API server stands behind the cache (unit tests that feed events by hand).
         self.catch_up = LeaderCatchUp(cache, self.metrics, enabled=catch_up)
         self.double_holds = DoubleHoldReporter(self.metrics)
+        self.preemption = preemption or Preemption(self.metrics.registry)
         self.runner: LoopRunner | None = None
         self._slices_dirty = False
         self._last_resync = 0.0
@@ -172,7 +176,7 @@ class Controller(PodAllocation):
             return False
 
     def _on_change(self, resource: str, key: str, old: Obj | None, new: Obj | None) -> bool:
-        if resource == "resourceslices":
+        if resource in ("resourceslices", "devicetaintrules"):  # a rule's taints are on the devices
             self._slices_dirty = True
             return False
         if resource == "deviceclasses":
@@ -237,7 +241,9 @@ class Controller(PodAllocation):
 
     def _rebuild(self) -> None:
         started = time.monotonic()
-        inventory = Inventory(self.cache["resourceslices"].values())
+        rules = self.cache.stores.get("devicetaintrules")  # absent where the API does not serve them
+        slices = self.cache["resourceslices"].values()
+        inventory = Inventory(with_taint_rules(slices, rules.objects.values()) if rules else slices)
         self.ledger = self.ledger.rebuilt(inventory)
         self.cel.clear_memos()
         self._reindex()
@@ -309,6 +315,7 @@ class Controller(PodAllocation):
             self.dirty |= set(self.pending)
         self.metrics.unsettled_writes.set(len(self.uncertain))
         if leading and self.writer is not None:
+            self.preemption.start_step(self.ledger, self.cache["pods"])  # holds freed devices first
             order = self._decision_order()
             planned = self.bursts.plan(
                 self.placer,

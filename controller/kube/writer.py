@@ -182,6 +182,19 @@ class Writer:
         }
         return self._write("PATCH", pod_path(meta["namespace"], meta["name"]), body, MERGE_PATCH)
 
+    def evict_pod(self, pod: Mapping[str, Any]) -> Obj:
+        """Evict through the Eviction API (policy/v1): PodDisruptionBudgets are checked by the server
+        (429 when one forbids it), and the pod is deleted with its own grace period. The uid
+        precondition keeps a pod recreated under the same name from being evicted in its place."""
+        meta = pod["metadata"]
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+            "deleteOptions": {"preconditions": {"uid": meta["uid"]}},
+        }
+        return self._write("POST", pod_path(meta["namespace"], meta["name"], "eviction"), body)
+
     def set_condition(self, pod: Mapping[str, Any], status: str, reason: str, message: str) -> None:
         meta = pod["metadata"]
         condition = {

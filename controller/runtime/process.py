@@ -26,6 +26,8 @@ from typing import Any, Protocol
 import structlog
 
 from controller.allocation.loop import Controller
+from controller.allocation.nominate import HOLD_S
+from controller.allocation.preempt import Preemption
 from controller.kube.leader import LeaderElector
 from controller.kube.watchcache import STUCK_AFTER_S, WatchCache
 from controller.kube.writer import Writer
@@ -57,6 +59,8 @@ class ProcessOptions:
     metrics_address: str = "0.0.0.0"
     policy: Policy | None = None
     burst_budget_s: float = BURST_PLAN_BUDGET_S  # 0: no burst plans (driver/policy/burstplan.py)
+    preemption: bool = True  # evict lower-priority pods for a pod that fits nowhere (docs/preemption.md)
+    preemption_hold_s: float = HOLD_S
     webhook_tick_s: float = 10.0
     reflector_stuck_after_s: float = STUCK_AFTER_S
     lease_s: float = 15.0
@@ -120,6 +124,9 @@ class ControllerProcess:
             burst_budget_s=options.burst_budget_s,
             metrics=self.metrics,
             is_leader=self.leading,
+            preemption=Preemption(
+                self.metrics.registry, enabled=options.preemption, hold_s=options.preemption_hold_s
+            ),
         )
         self.webhook: Webhook | None = None
         self.webhook_runner: LoopRunner | None = None

@@ -1,0 +1,22 @@
+"""benchmarks/packing/priority.py: the priority-mix stream, preemption off and on."""
+
+from __future__ import annotations
+
+from benchmarks.packing import online, priority
+
+
+def test_preemption_places_more_high_priority_pods_and_only_evicts_when_on() -> None:
+    scenario = online.SCENARIOS[0]
+    stream = online.generate(scenario, 1.1, 300, 0)
+    off = priority.run_priority(scenario, stream, 0.25, 0, preemption=False)
+    on = priority.run_priority(scenario, stream, 0.25, 0, preemption=True)
+    assert off.high == on.high > 0 and off.low == on.low
+    assert off.evictions == 0 < on.evictions
+    assert on.high_placed > off.high_placed
+    assert max(on.high_waits) <= priority.PATIENCE
+
+
+def test_the_table_has_a_row_per_share_and_switch() -> None:
+    text = priority.priority_table(1, 80, [online.SCENARIOS[0]], [0.9], [0.1])
+    rows = [line for line in text.splitlines() if line.startswith("| single-8")]
+    assert [r.split(" | ")[3] for r in rows] == ["off", "on"]
