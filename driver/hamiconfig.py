@@ -34,7 +34,8 @@ DATA_KEY = "device-config.yaml"
 
 # nvidia.<key> -> what flexmig does with it (docs/hami-config.md has the long form).
 USED_NVIDIA_KEYS: dict[str, str] = {
-    "migProfileAllowlist": "MIG profiles published per model (kubelet plugin)",
+    "migProfileAllowlist": "MIG profiles published per model (kubelet plugin; the webhook serves "
+    "nvidia.com/mig-<profile> only for these)",
     "resourceCountName": "the shim's name for nvidia.com/gpu",
     "resourceMemoryName": "the shim's name for nvidia.com/gpumem",
     "resourceMemoryPercentageName": "the shim's name for nvidia.com/gpumem-percentage",

@@ -15,10 +15,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from api.constants import RESOURCE_GPU, RESOURCE_GPUCORES, RESOURCE_GPUMEM, RESOURCE_GPUMEM_PERCENTAGE
+from driver.catalog.allowlist import (
+    DEFAULT_MIG_PROFILE_ALLOWLIST,
+    AllowlistError,
+    MigProfileAllowlist,
+    parse_allowlist,
+)
+from driver.hamiconfig import other_version_hint
 
 RESOURCE_PRIORITY = "nvidia.com/priority"
 # An extended resource name: a domain prefix (not kubernetes.io) and a name, as the API validates it.
-_RESOURCE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+EXTENDED_RESOURCE_NAME = _RESOURCE_NAME = re.compile(
+    r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
 
 
 class ShimConfigError(ValueError):
@@ -83,6 +92,12 @@ class ShimDefaults:
     """HAMi `resource*Name`: the container resources read as gpu, gpumem, gpumem-percentage, gpucores
     and priority."""
     memory_factor: int = 1
+    mapped_resources: frozenset[str] = frozenset()
+    """Extended resource names a flexmig DeviceClass maps (KEP-5004, `spec.extendedResourceName`);
+    not from the device config but from the webhook's `--mapped-resources` (controller/shim/mapped.py)."""
+    allowlist: MigProfileAllowlist = DEFAULT_MIG_PROFILE_ALLOWLIST
+    """HAMi `migProfileAllowlist`: which `nvidia.com/mig-<profile>` resources can be served (the
+    nodes publish the same profiles, so a profile outside it would never be allocated)."""
     """HAMi `memoryFactor`: a container's gpumem is given in units of this many MiB (defaultMemory
     stays in MiB)."""
 
@@ -108,7 +123,7 @@ def parse_shim_defaults(doc: Mapping[str, Any] | None) -> ShimDefaults:
         return ShimDefaults()
     if not isinstance(section, Mapping):
         raise ShimConfigError(f"nvidia: must be a mapping, got {type(section).__name__}")
-    values: dict[str, int] = {}
+    values: dict[str, Any] = {}  # ShimDefaults field -> int
     for key, (attr, upper) in _KEYS.items():
         if key not in section or section[key] is None:
             continue
@@ -127,7 +142,19 @@ def parse_shim_defaults(doc: Mapping[str, Any] | None) -> ShimDefaults:
         raise ShimConfigError(
             f"nvidia.memoryFactor: {factor!r} is not allowed (allowed: an integer 1..{MAX_MEMORY_FACTOR})"
         )
-    return ShimDefaults(**values, names=names, memory_factor=factor)
+    return ShimDefaults(**values, names=names, memory_factor=factor, allowlist=_allowlist(section))
+
+
+def _allowlist(section: Mapping[str, Any]) -> MigProfileAllowlist:
+    raw = section.get("migProfileAllowlist")
+    if raw is None:
+        return DEFAULT_MIG_PROFILE_ALLOWLIST  # what the kubelet plugin publishes without the key
+    try:
+        return parse_allowlist(raw)
+    except AllowlistError as exc:
+        hint = other_version_hint(section)
+        more = f" ({hint}: convert it with `flexmig migrate-config`)" if hint else ""
+        raise ShimConfigError(f"nvidia.{exc}{more}") from None
 
 
 def _names(section: Mapping[str, Any]) -> ResourceNames:

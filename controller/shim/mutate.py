@@ -18,13 +18,19 @@ from controller.shim.defaults import ShimDefaults
 from controller.shim.legacy import (
     REMOVED_RESOURCES,
     AdmissionDenied,
-    Shape,
     container_shape,
     has_legacy_resources,
     vgpu_mode,
 )
+from controller.shim.mapped import left_to_mapping, mixing_problems
+from controller.shim.migprofile import (
+    MIG_RESOURCE_PREFIX,
+    allowed_profiles,
+    container_profile_shapes,
+    has_profile_resources,
+)
 from controller.shim.selection import selection_problems
-from controller.shim.templates import TemplateSpec, describe, template_for
+from controller.shim.templates import AnyShape, TemplateSpec, describe, template_for
 
 # Init containers first: the order HAMi counts containers in, and the order they run.
 _CONTAINER_FIELDS = (("initContainers", "init container"), ("containers", "container"))
@@ -43,6 +49,8 @@ class MutationResult:
     """Whether the gate gpu.flexmig.dev/allocation is added."""
     reason: str
     """Short log text: what was done and why."""
+    shapes: tuple[AnyShape, ...] = ()
+    """What each new claim asks for, one entry per claim (the webhook checks namespace quotas on it)."""
 
 
 @dataclass(frozen=True)
@@ -50,7 +58,10 @@ class _Rewrite:
     field: str
     index: int
     container: Mapping[str, Any]
-    shape: Shape
+    shapes: tuple[AnyShape, ...]
+    """One claim each: a HAMi request is one shape, each nvidia.com/mig-<profile> resource another."""
+    removed: Callable[[str], bool]
+    """Whether a resource key of the container is taken out by the rewrite."""
 
 
 def _claim_name(container_name: str, taken: set[str]) -> str:
@@ -65,7 +76,9 @@ def _claim_name(container_name: str, taken: set[str]) -> str:
 
 
 def _rewritten_resources(
-    resources: Mapping[str, Any] | None, claim: str, removed: Sequence[str] = REMOVED_RESOURCES
+    resources: Mapping[str, Any] | None,
+    claims: Sequence[str],
+    removed: Callable[[str], bool] = REMOVED_RESOURCES.__contains__,
 ) -> dict[str, Any]:
     """The container's resources without the legacy keys and nvidia.com/priority (an emptied limits/requests map is dropped:
     an empty map and no map mean the same to Kubernetes) and with the claim added."""
@@ -73,12 +86,12 @@ def _rewritten_resources(
     for part in ("limits", "requests"):
         if part not in out:
             continue
-        kept = {k: v for k, v in (out[part] or {}).items() if k not in removed}
+        kept = {k: v for k, v in (out[part] or {}).items() if not removed(str(k))}
         if kept:
             out[part] = kept
         else:
             del out[part]
-    out["claims"] = [*(out.get("claims") or []), {"name": claim}]
+    out["claims"] = [*(out.get("claims") or []), *({"name": claim} for claim in claims)]
     return out
 
 
@@ -91,29 +104,43 @@ def _append(path: str, current: Sequence[Any] | None, items: Sequence[Any]) -> l
     return [{"op": "add", "path": f"{path}/-", "value": item} for item in items]
 
 
+def _is_profile_resource(key: str) -> bool:
+    return key.startswith(MIG_RESOURCE_PREFIX)
+
+
 def _rewrites(
     spec: Mapping[str, Any], annotations: Mapping[str, Any] | None, defaults: ShimDefaults
 ) -> list[_Rewrite]:
+    # A container with HAMi resources is read as HAMi's (an nvidia.com/mig-* beside them is denied
+    # there); one with only nvidia.com/mig-<profile> resources as the device plugin's.
     found = [
-        (field, kind, i, c)
+        (field, kind, i, c, has_legacy_resources(c, defaults.names))
         for field, kind in _CONTAINER_FIELDS
         for i, c in enumerate(spec.get(field) or [])
-        if has_legacy_resources(c, defaults.names)
+        if has_legacy_resources(c, defaults.names) or has_profile_resources(c)
     ]
     if not found:
         return []
-    mode = vgpu_mode(annotations)  # only a pod with legacy resources is held to the annotation
+    mode = vgpu_mode(annotations)  # only a pod with GPU resources is held to the annotation
     # HAMi's selection and policy annotations: honoured or refused, never ignored (selection.py).
     errors: list[str] = selection_problems(annotations)
+    legacy_keys = set(defaults.names.removed)
     out: list[_Rewrite] = []
-    for field, kind, i, container in found:
+    for field, kind, i, container, legacy in found:
         try:
-            shape = container_shape(container, mode, defaults, kind)
+            if legacy:
+                shape = container_shape(container, mode, defaults, kind)
+                shapes: tuple[AnyShape, ...] = () if shape is None else (shape,)
+                removed: Callable[[str], bool] = legacy_keys.__contains__
+            else:
+                allowed = allowed_profiles(defaults.allowlist)
+                shapes = tuple(container_profile_shapes(container, mode, allowed, kind))
+                removed = _is_profile_resource
         except AdmissionDenied as exc:
             errors.append(exc.message)  # every container's problems in one answer
             continue
-        if shape is not None:
-            out.append(_Rewrite(field, i, container, shape))
+        if shapes:
+            out.append(_Rewrite(field, i, container, shapes, removed))
     if errors:
         raise AdmissionDenied("; ".join(errors))
     return out
@@ -182,11 +209,19 @@ def mutate_pod(
     ours = _flexmig_claims(spec.get("resourceClaims") or [], namespace, claim_uses_flexmig)
     if not rewrites and not ours:
         return MutationResult([], (), False, "no GPU request and no flexmig claim: unchanged")
+    # Kubernetes' extended-resource mapping and the shim never both act on one pod (mapped.py).
+    if left_to_mapping((r.container for r in rewrites), metadata.get("annotations"), defaults, bool(ours)):
+        return MutationResult(
+            [], (), False, f"only {defaults.names.count} counts: left to the extended-resource mapping"
+        )
+    if mixed := mixing_problems(spec, defaults):
+        raise AdmissionDenied("; ".join(mixed))
     if spec.get("nodeName"):
         if rewrites:
             names = ", ".join(str(r.container.get("name")) for r in rewrites)
             raise AdmissionDenied(
-                f"spec.nodeName is set and container(s) {names} ask for {defaults.names.count}: flexmig must choose "
+                f"spec.nodeName is set and container(s) {names} ask for {defaults.names.count} or "
+                f"{MIG_RESOURCE_PREFIX}<profile>: flexmig must choose "
                 "the node and the devices together (allowed: leave spec.nodeName out; use a nodeSelector)"
             )
         # A gate cannot be combined with nodeName; such a pod can only use already-allocated claims.
@@ -200,19 +235,22 @@ def mutate_pod(
     new_claims: list[dict[str, Any]] = []
     done: list[str] = []
     for r in rewrites:
-        built = template_for(namespace, r.shape)
-        template = templates.setdefault(built.name, built)
-        claim = _claim_name(str(r.container.get("name", "")), taken)
-        taken.add(claim)
-        new_claims.append({"name": claim, "resourceClaimTemplateName": template.name})
+        claims: list[str] = []
+        for shape in r.shapes:
+            built = template_for(namespace, shape)
+            template = templates.setdefault(built.name, built)
+            claim = _claim_name(str(r.container.get("name", "")), taken)
+            taken.add(claim)
+            claims.append(claim)
+            new_claims.append({"name": claim, "resourceClaimTemplateName": template.name})
+            done.append(f"{r.container.get('name')} -> claim {claim} ({template.name}: {describe(shape)})")
         patch.append(
             {
                 "op": "add",  # "add" on an existing member replaces it (RFC 6902 4.1)
                 "path": f"/spec/{r.field}/{r.index}/resources",
-                "value": _rewritten_resources(r.container.get("resources"), claim, defaults.names.removed),
+                "value": _rewritten_resources(r.container.get("resources"), claims, r.removed),
             }
         )
-        done.append(f"{r.container.get('name')} -> claim {claim} ({template.name}: {describe(r.shape)})")
     patch += _append("/spec/resourceClaims", spec.get("resourceClaims"), new_claims)
     patch += _append("/spec/schedulingGates", gates, [{"name": ALLOCATION_GATE}])
     parts = []
@@ -220,7 +258,8 @@ def mutate_pod(
         parts.append("rewrote " + "; ".join(done))
     if ours:
         parts.append(f"flexmig claim(s) {', '.join(ours)}")
-    return MutationResult(patch, tuple(templates.values()), True, ", ".join(parts) + "; gated")
+    shapes = tuple(shape for r in rewrites for shape in r.shapes)
+    return MutationResult(patch, tuple(templates.values()), True, ", ".join(parts) + "; gated", shapes)
 
 
 def template_names_used_by(pod: Mapping[str, Any]) -> set[str]:

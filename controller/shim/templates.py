@@ -9,6 +9,7 @@ compute; mode hami-core asks for consumable capacity on a shared GPU; mode any o
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,6 +19,10 @@ from api import devicecontract as dc
 from api.constants import DRIVER_NAME
 from api.opaqueconfig import SharedGpuRequest
 from controller.shim.legacy import Mode, Shape
+from controller.shim.migprofile import ProfileShape, profile_from_slug, slug
+
+AnyShape = Shape | ProfileShape
+"""What a shim template stands for: a HAMi request, or N instances of one MIG profile."""
 
 API_VERSION = "resource.k8s.io/v1"
 REQUEST_NAME = "gpus"
@@ -45,9 +50,12 @@ class TemplateSpec:
     body: dict[str, Any]
 
 
-def template_name(shape: Shape) -> str:
+def template_name(shape: AnyShape) -> str:
     """e.g. `flexmig-any-2x8000mi-c0-d`, `flexmig-mig-1x50pct-c30`: a DNS subdomain (and label) that
-    says the shape (`-d`: MIG devices on distinct GPUs). At most 38 characters ("flexmig-hami-core-32x1073741824mi-c100"), never truncated."""
+    says the shape (`-d`: MIG devices on distinct GPUs). At most 38 characters ("flexmig-hami-core-32x1073741824mi-c100"), never truncated.
+    A MIG profile: `flexmig-profile-1x-3g20gb`, `flexmig-profile-2x-1g10gb-me` (profile slugs: migprofile.py)."""
+    if isinstance(shape, ProfileShape):
+        return f"{_PROFILE_PREFIX}{shape.count}x-{slug(shape.profile)}"
     memory = f"{shape.memory_mib}mi" if shape.memory_mib is not None else f"{shape.memory_percent}pct"
     distinct = DISTINCT_SUFFIX if shape.count > 1 and shape.mode is not Mode.HAMI_CORE else ""
     return f"flexmig-{shape.mode.value}-{shape.count}x{memory}-c{shape.cores}{distinct}"
@@ -59,11 +67,29 @@ _NAME_RE = re.compile(
 )
 
 
-def shape_from_name(name: object) -> Shape | None:
+_PROFILE_PREFIX = "flexmig-profile-"
+_PROFILE_NAME_RE = re.compile(rf"{_PROFILE_PREFIX}(?P<count>[0-9]+)x-(?P<slug>.+)")
+
+
+def _profile_shape_from_name(name: str) -> ProfileShape | None:
+    m = _PROFILE_NAME_RE.fullmatch(name)
+    profile = profile_from_slug(m["slug"]) if m else None
+    if m is None or profile is None:
+        return None
+    try:
+        shape = ProfileShape(count=int(m["count"]), profile=profile)
+    except ValueError:  # out of the shim's ranges
+        return None
+    return shape if template_name(shape) == name else None
+
+
+def shape_from_name(name: object) -> AnyShape | None:
     """The shape a shim template name stands for, or None if `template_name` would never write it
     (so a name that parses always gives back the same template body: names are deterministic)."""
     if not isinstance(name, str) or len(name) > 64:
         return None
+    if name.startswith(_PROFILE_PREFIX):
+        return _profile_shape_from_name(name)
     m = _NAME_RE.fullmatch(name)
     if m is None:
         return None
@@ -80,8 +106,11 @@ def shape_from_name(name: object) -> Shape | None:
     return shape if template_name(shape) == name else None  # leading zeros, a misplaced -d
 
 
-def describe(shape: Shape) -> str:
+def describe(shape: AnyShape) -> str:
     """The shape in words, for the template's annotation and the webhook's log."""
+    if isinstance(shape, ProfileShape):
+        instances = "1 MIG instance" if shape.count == 1 else f"{shape.count} MIG instances"
+        return f"{instances} of profile {shape.profile} ({shape.resource})"
     memory = (
         f">= {shape.memory_mib} MiB"
         if shape.memory_mib is not None
@@ -141,8 +170,28 @@ def _hami_fields(shape: Shape) -> dict[str, Any]:
     }
 
 
-def claim_spec(shape: Shape) -> dict[str, Any]:
+def profile_selector(shape: ProfileShape) -> str:
+    """MIG devices of exactly the profile: the name the node publishes is NVIDIA's, so it also picks
+    the models, as the device plugin's resource did (`3g.20gb` exists on A100-40GB and A800-40GB)."""
+    return f"{_attr(dc.ATTR_PROFILE)} == {json.dumps(shape.profile)}"
+
+
+def _profile_claim_spec(shape: ProfileShape) -> dict[str, Any]:
+    # No distinct-GPU constraint: the device plugin hands out N instances of a profile from any GPUs,
+    # several from one GPU included, and so does this claim.
+    exactly = {
+        "deviceClassName": MIG_DEVICE_CLASS,
+        "allocationMode": "ExactCount",
+        "count": shape.count,
+        "selectors": [{"cel": {"expression": profile_selector(shape)}}],
+    }
+    return {"devices": {"requests": [{"name": REQUEST_NAME, "exactly": exactly}]}}
+
+
+def claim_spec(shape: AnyShape) -> dict[str, Any]:
     """The ResourceClaimSpec (`spec.spec` of the template) for a shape."""
+    if isinstance(shape, ProfileShape):
+        return _profile_claim_spec(shape)
     request: dict[str, Any] = {"name": REQUEST_NAME}
     hami_ref = REQUEST_NAME
     if shape.mode is Mode.MIG:
@@ -185,7 +234,7 @@ def claim_spec(shape: Shape) -> dict[str, Any]:
     return {"devices": devices}
 
 
-def template_for(namespace: str, shape: Shape) -> TemplateSpec:
+def template_for(namespace: str, shape: AnyShape) -> TemplateSpec:
     name = template_name(shape)
     body = {
         "apiVersion": API_VERSION,

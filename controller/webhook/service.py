@@ -31,6 +31,7 @@ from controller.webhook.cabundle import ensure_ca_bundle
 from controller.webhook.certs import DEFAULT_POLICY, CertBundle, CertPolicy
 from controller.webhook.certstore import CertSource, DirCertSource, SecretCertSource
 from controller.webhook.flexmigclaims import FlexmigClaims
+from controller.webhook.quotas import NamespaceQuotas
 from controller.webhook.review import AdmissionHandler, ReviewMetrics
 from controller.webhook.server import TlsState, WebhookServer
 from controller.webhook.templates import DEFAULT_GRACE_S, TemplateCollector, TemplateEnsurer
@@ -85,6 +86,7 @@ class WebhookService:
             )
         )
         self.claims = FlexmigClaims(api)
+        self.quotas = NamespaceQuotas(api, defaults)
         self.ensurer = TemplateEnsurer(api)
         self.collector = TemplateCollector(api, grace_s=settings.template_grace_s, ensurer=self.ensurer)
         # Reviews write nothing (their caller is not authenticated): no template hook.
@@ -100,7 +102,11 @@ class WebhookService:
         self._last_gc = float("-inf")
 
     def _mutate(self, pod: Mapping[str, Any], namespace: str) -> MutationResult:
-        return mutate_pod(pod, namespace, self.defaults, self.claims.checker(namespace))
+        result = mutate_pod(pod, namespace, self.defaults, self.claims.checker(namespace))
+        # HAMi-style quotas on nvidia.com/gpu and gpumem, which Kubernetes no longer sees once the
+        # resources are rewritten into claims (controller/shim/quota.py).
+        self.quotas.check(namespace, result.shapes)
+        return result
 
     def start(self) -> None:
         """Standalone use; `flexmig controller` runs tick() and `loops` under its own LoopRunners."""

@@ -173,6 +173,17 @@ _DEFAULT_DATA: list[dict[str, list[str]]] = [
     {"models": ["H200 NVL", "H200-SXM5"], "profiles": ["1g.18gb", "2g.35gb", "3g.71gb", "7g.141gb"]},
     {"models": ["B200"], "profiles": ["1g.23gb", "2g.45gb", "3g.90gb", "7g.180gb"]},
     {"models": ["RTX PRO 6000 Blackwell Server Edition"], "profiles": ["1g.24gb", "2g.48gb", "4g.96gb"]},
+    {
+        "models": ["A800-SXM4-40GB", "A800-40GB-PCIe"],
+        "profiles": ["1g.5gb", "2g.10gb", "3g.20gb", "7g.40gb"],
+    },
+    {
+        "models": ["A800-SXM4-80GB", "A800-80GB-PCIe"],
+        "profiles": ["1g.10gb", "2g.20gb", "3g.40gb", "7g.80gb"],
+    },
+    {"models": ["H800-SXM5-80GB", "H800 PCIe"], "profiles": ["1g.10gb", "2g.20gb", "3g.40gb", "7g.80gb"]},
+    {"models": ["H20-3e"], "profiles": ["1g.18gb", "2g.35gb", "3g.71gb", "7g.141gb"]},
+    {"models": ["GB200"], "profiles": ["1g.23gb", "2g.47gb", "3g.93gb", "7g.186gb"]},
 ]
 
 

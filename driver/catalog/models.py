@@ -21,11 +21,35 @@ class GpuModel:
     skus: tuple[str, ...]  # simulator SKU keys sharing this profile table
     nvml_names: tuple[str, ...]  # exact nvmlDeviceGetName() values
     aliases: tuple[str, ...]  # names used in configuration (HAMi's allowlist model strings)
+    profiles: tuple[str, ...] = ()
+    """Every GPU-instance profile the model offers, by NVIDIA's name. The controller has no NVML and
+    no simulator, yet the shim must tell whether `nvidia.com/mig-3g.20gb` can exist anywhere; a test
+    keeps this equal to the hardware tables (driver/nvml/sim/hardware.py)."""
 
     def identifiers(self) -> tuple[str, ...]:
         """Every string that names this model in configuration or on the command line."""
         return (self.key, *self.skus, *self.nvml_names, *self.aliases)
 
+
+def _ladder(one: int, double: int, half: int, full: int) -> tuple[str, ...]:
+    """The 7-compute-slice family's names (A100/H100/H200/B200 geometry) from its four GB figures."""
+    return (
+        f"1g.{one}gb",
+        f"1g.{one}gb+me",
+        f"1g.{double}gb",
+        f"2g.{double}gb",
+        f"3g.{half}gb",
+        f"4g.{half}gb",
+        f"7g.{full}gb",
+    )
+
+
+_RTX_PRO_6000 = (
+    *(f"1g.24gb{s}" for s in ("", "+me", "+gfx", "+me.all", "-me")),
+    *(f"2g.48gb{s}" for s in ("", "+gfx", "+me.all", "-me")),
+    "4g.96gb",
+    "4g.96gb+gfx",
+)
 
 KNOWN_MODELS: tuple[GpuModel, ...] = (
     GpuModel(
@@ -33,36 +57,65 @@ KNOWN_MODELS: tuple[GpuModel, ...] = (
         skus=("A30-24GB",),
         nvml_names=("NVIDIA A30",),
         aliases=("A30",),
+        profiles=("1g.6gb", "1g.6gb+me", "2g.12gb", "2g.12gb+me", "4g.24gb"),
     ),
     GpuModel(
         key="A100-40GB",
         skus=("A100-40GB", "A100-PCIE-40GB"),
         nvml_names=("NVIDIA A100-SXM4-40GB", "NVIDIA A100-PCIE-40GB"),
         aliases=("A100-SXM4-40GB", "A100-40GB-PCIe"),
+        profiles=("1g.5gb", "1g.5gb+me", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"),
     ),
     GpuModel(
         key="A100-80GB",
         skus=("A100-80GB",),
         nvml_names=("NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe"),
         aliases=("A100-80GB-PCIe", "A100-PCIE-80GB"),
+        profiles=_ladder(10, 20, 40, 80),
+    ),
+    GpuModel(
+        # The A100's export variant: same die and MIG tables, its own name (an A100 entry of the
+        # allowlist must not reach it, nor the other way round).
+        key="A800-40GB",
+        skus=("A800-40GB", "A800-PCIE-40GB"),
+        nvml_names=("NVIDIA A800-SXM4-40GB", "NVIDIA A800 40GB PCIe"),
+        aliases=("A800-SXM4-40GB", "A800-40GB-PCIe"),
+        profiles=("1g.5gb", "1g.5gb+me", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"),
+    ),
+    GpuModel(
+        key="A800-80GB",
+        skus=("A800-80GB", "A800-PCIE-80GB"),
+        nvml_names=("NVIDIA A800-SXM4-80GB", "NVIDIA A800 80GB PCIe"),
+        aliases=("A800-SXM4-80GB", "A800-80GB-PCIe"),
+        profiles=_ladder(10, 20, 40, 80),
     ),
     GpuModel(
         key="H100-80GB",
         skus=("H100-80GB", "H100-PCIE-80GB"),
         nvml_names=("NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe"),
         aliases=("H100-SXM5-80GB",),
+        profiles=_ladder(10, 20, 40, 80),
+    ),
+    GpuModel(
+        key="H800-80GB",
+        skus=("H800-80GB", "H800-PCIE-80GB"),
+        nvml_names=("NVIDIA H800", "NVIDIA H800 PCIe"),
+        aliases=("H800-SXM5-80GB", "H800-SXM5"),
+        profiles=_ladder(10, 20, 40, 80),
     ),
     GpuModel(
         key="H100-94GB",
         skus=("H100-94GB",),
         nvml_names=("NVIDIA H100 NVL",),
         aliases=("H100-PCIE-94GB", "H100-SXM5-94GB"),
+        profiles=_ladder(12, 24, 47, 94),
     ),
     GpuModel(
         key="H100-96GB",
         skus=("H100-96GB",),
         nvml_names=("NVIDIA GH200 480GB",),
         aliases=("H100 on GH200",),
+        profiles=_ladder(12, 24, 48, 96),
     ),
     GpuModel(
         # Same profile names as the GH200's H100-96GB but far fewer SMs, so its own model.
@@ -70,24 +123,48 @@ KNOWN_MODELS: tuple[GpuModel, ...] = (
         skus=("H20-96GB",),
         nvml_names=("NVIDIA H20",),
         aliases=(),
+        profiles=_ladder(12, 24, 48, 96),
+    ),
+    GpuModel(
+        # The H20 with 141 GB of HBM3e: the H200's memory geometry.
+        key="H20-141GB",
+        skus=("H20-141GB",),
+        nvml_names=("NVIDIA H20-3e",),
+        aliases=("H20-3e",),
+        profiles=_ladder(18, 35, 71, 141),
     ),
     GpuModel(
         key="H200-141GB",
         skus=("H200-141GB", "H200-NVL-141GB"),
         nvml_names=("NVIDIA H200", "NVIDIA H200 NVL"),
         aliases=("H200-SXM5",),
+        profiles=_ladder(18, 35, 71, 141),
     ),
     GpuModel(
         key="B200-180GB",
         skus=("B200-180GB",),
         nvml_names=("NVIDIA B200",),
         aliases=(),
+        profiles=_ladder(23, 45, 90, 180),
     ),
     GpuModel(
-        key="RTX-PRO-6000",
-        skus=("RTX-PRO-6000",),
-        nvml_names=("NVIDIA RTX PRO 6000 Blackwell Server Edition",),
+        key="GB200-186GB",
+        skus=("GB200-186GB",),
+        nvml_names=("NVIDIA GB200",),
         aliases=(),
+        profiles=_ladder(23, 47, 93, 186),
+    ),
+    GpuModel(
+        # Server, Workstation and Max-Q editions: one die, one MIG table.
+        key="RTX-PRO-6000",
+        skus=("RTX-PRO-6000", "RTX-PRO-6000-WS", "RTX-PRO-6000-MAXQ"),
+        nvml_names=(
+            "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+            "NVIDIA RTX PRO 6000 Blackwell Workstation Edition",
+            "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition",
+        ),
+        aliases=(),
+        profiles=_RTX_PRO_6000,
     ),
 )
 

@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import structlog
@@ -19,6 +20,7 @@ from flexmig.cliargs import UsageError
 from flexmig.commands.controller_webhook import (
     add_webhook_flags,
     load_defaults,
+    mapped_resources,
     validate_webhook_flags,
     webhook_settings,
 )
@@ -136,7 +138,9 @@ def run(args: argparse.Namespace) -> int:
 
     settings = webhook_settings(args)
     try:
-        defaults = load_defaults(args.device_config)
+        defaults = replace(
+            load_defaults(args.device_config), mapped_resources=mapped_resources(args.mapped_resources)
+        )
         if settings is not None and (problem := bind_check(settings.address, settings.port)):
             raise ValueError(f"--webhook-port: {problem}")
     except ValueError as exc:

@@ -15,6 +15,7 @@ import structlog
 import yaml
 
 from controller.shim import ShimConfigError, ShimDefaults, parse_shim_defaults
+from controller.shim.defaults import EXTENDED_RESOURCE_NAME
 from driver import hamiconfig
 
 if TYPE_CHECKING:  # the webhook imports kubernetes; `flexmig --help` must not pay for it
@@ -33,6 +34,7 @@ ENV = {
     "webhook_tls_dir": "FLEXMIG_WEBHOOK_TLS_DIR",
     "webhook_cert_secret": "FLEXMIG_WEBHOOK_CERT_SECRET",
     "device_config": "FLEXMIG_DEVICE_CONFIG",
+    "mapped_resources": "FLEXMIG_MAPPED_RESOURCES",
 }
 
 
@@ -90,11 +92,30 @@ def add_webhook_flags(p: Any) -> None:
         help="seconds a shim ResourceClaimTemplate must be unused before it is deleted",
     )
     g.add_argument(
+        "--mapped-resources",
+        default=_env("mapped_resources", ""),
+        help="comma-separated extended resource names that flexmig DeviceClasses map (KEP-5004 "
+        "extendedResourceName); the shim leaves count-only pods of nvidia.com/gpu to the mapping when "
+        "it is one of them [$FLEXMIG_MAPPED_RESOURCES]",
+    )
+    g.add_argument(
         "--device-config",
         default=_env("device_config", ""),
         help="HAMi device config YAML ({nvidia: {defaultMemory, defaultCores, defaultGPUNum, ...}}) "
         "with the shim's defaults; empty: HAMi's defaults [$FLEXMIG_DEVICE_CONFIG]",
     )
+
+
+def mapped_resources(value: str) -> frozenset[str]:
+    """`--mapped-resources`; ValueError names the flag and what a name must look like."""
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    for name in names:
+        if not EXTENDED_RESOURCE_NAME.match(name) or name.startswith(("kubernetes.io/", "requests.")):
+            raise ValueError(
+                f"--mapped-resources: {name!r} is not an extended resource name (allowed: comma-separated "
+                "<domain>/<name>, e.g. nvidia.com/gpu,gpu.flexmig.dev/mig)"
+            )
+    return frozenset(names)
 
 
 def validate_webhook_flags(args: argparse.Namespace) -> str | None:

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from driver.catalog.simulated import UnknownModelError, resolve_sku
 from driver.nvml.sim import SKUS, SimAdmin, SimGpuSpec, init_sim_state
 
 
@@ -33,9 +34,12 @@ def parse_gpu_list(value: str) -> list[str]:
     for item in (v.strip() for v in value.split(",")):
         if not item:
             continue
-        sku, _, count_text = item.partition(":")
-        if sku not in SKUS:
-            raise ValueError(f"--gpus: unknown SKU {sku!r}; allowed: {', '.join(SKUS)}")
+        # The count follows the last colon: NVML names have none, but may contain spaces.
+        name, _, count_text = item.rpartition(":") if ":" in item else (item, "", "")
+        try:
+            sku = resolve_sku(name.strip())
+        except UnknownModelError as exc:
+            raise ValueError(f"--gpus: {exc}") from None
         try:
             count = int(count_text) if count_text else 1
         except ValueError:

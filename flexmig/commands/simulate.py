@@ -1,7 +1,8 @@
 """`flexmig simulate`: a simulated cluster, a stream of pods, flexmig's policy against references.
 
-References: first fit (what kube-scheduler gives NVIDIA's driver), HAMi's heuristic
-(driver/policy/hami.py) and the repacking bound (driver/policy/bound.py; flexmig/simulation/bound_run.py).
+References: first fit (what kube-scheduler gives NVIDIA's driver), HAMi v2.10's heuristic
+(driver/policy/hami.py), HAMi's placement after its pull request 2855 (driver/policy/hami_scored.py)
+and the repacking bound (driver/policy/bound.py; flexmig/simulation/bound_run.py).
 Progress goes to stderr; stdout carries the summary and tables, or the `--json` document only.
 """
 
@@ -13,16 +14,20 @@ import os
 import sys
 from pathlib import Path
 
-from driver.nvml.sim import SKUS
+from driver.catalog.simulated import UnknownModelError, resolve_sku
 from driver.policy.allocator import FirstFitPolicy, PackingPolicy, Policy
 from driver.policy.hami import HamiPolicy
+from driver.policy.hami_scored import HamiScoredPolicy
 from flexmig.cliargs import UsageError, int_in
 from flexmig.simulation import bound_run, export, html_report, report, runner, workload
 
-_POLICIES: dict[str, type[PackingPolicy] | type[FirstFitPolicy] | type[HamiPolicy]] = {
+_POLICIES: dict[
+    str, type[PackingPolicy] | type[FirstFitPolicy] | type[HamiPolicy] | type[HamiScoredPolicy]
+] = {
     "flexmig": PackingPolicy,
     "first-fit": FirstFitPolicy,
     "hami": HamiPolicy,
+    "hami-2855": HamiScoredPolicy,
 }
 _CHOICES = [*_POLICIES, bound_run.BOUND_NAME]
 DEFAULT_MODELS = "A100-40GB,H100-80GB,A100-80GB,H200-141GB"
@@ -55,7 +60,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--models",
         default=DEFAULT_MODELS,
-        help=f"comma-separated GPU models, assigned to nodes round-robin (default {DEFAULT_MODELS})",
+        help=(
+            "comma-separated GPU models, assigned to nodes round-robin: SKU key, NVML name or model "
+            f"alias, any case, as `flexmig profiles` takes them (default {DEFAULT_MODELS})"
+        ),
     )
     parser.add_argument(
         "--pods",
@@ -92,6 +100,20 @@ def _parse_list(value: str, field: str, allowed: list[str]) -> list[str]:
         if item not in allowed:
             raise UsageError(f"--{field}: unknown value {item!r}; allowed values: {', '.join(allowed)}")
     return items
+
+
+def _parse_models(value: str) -> list[str]:
+    """SKU keys for `--models`, through the one resolver every command and the allowlist use
+    (driver/catalog/simulated.py `resolve_sku`): "B200", "NVIDIA H200", "h200-sxm5" all work."""
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    if not items:
+        raise UsageError(
+            "--models: empty; give GPU models, e.g. A100-40GB,H200 (see `flexmig profiles --help`)"
+        )
+    try:
+        return [resolve_sku(item) for item in items]
+    except UnknownModelError as exc:
+        raise UsageError(f"--models: {exc}") from None
 
 
 def check_report_dir(path: Path) -> None:
@@ -139,7 +161,7 @@ def _silence_highs_banner() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    models = _parse_list(args.models, "models", list(SKUS))
+    models = _parse_models(args.models)
     policy_names = _parse_list(args.policy, "policy", _CHOICES)
     if args.report is not None:
         check_report_dir(args.report)

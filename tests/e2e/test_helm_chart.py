@@ -249,6 +249,9 @@ def test_template_overrides(helm_bin: Path, tmp_path: Path) -> None:
     assert mig_class["spec"]["extendedResourceName"] == "gpu.flexmig.dev/mig"
     condition = one(docs, "MutatingWebhookConfiguration")["webhooks"][0]["matchConditions"][0]
     assert '["nvidia.com/","gpu.flexmig.dev/mig"]' in condition["expression"]
+    # ... and the webhook knows the name, so the shim and the mapping never both act on one pod.
+    deploy_args = parse_cli(container(one(docs, "Deployment"), "controller")["args"], {})
+    assert deploy_args.mapped_resources == "gpu.flexmig.dev/mig"
 
     # Scheduler mode: kube-scheduler allocates, so no controller and no webhook are installed.
     sched = render(helm_bin, tmp_path, "--set", "allocationMode=scheduler")

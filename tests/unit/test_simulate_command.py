@@ -12,6 +12,7 @@ import pytest
 from driver.catalog.simulated import simulated_catalog
 from driver.policy.allocator import FirstFitPolicy, PackingPolicy
 from driver.policy.bound import FitProgram, model_groups
+from driver.policy.hami_scored import HamiScoredPolicy
 from driver.policy.model import ShortReason
 from flexmig.cli import main
 from flexmig.simulation import fit_highs, runner, workload
@@ -27,17 +28,48 @@ def test_simulate_prints_a_row_per_policy(capsys: pytest.CaptureFixture[str]) ->
     rows = {
         line.split()[0]: line.split()
         for line in out.splitlines()
-        if line.strip().startswith(("flexmig ", "first-fit ", "hami ", "bound "))
+        if line.strip().startswith(("flexmig ", "first-fit ", "hami ", "hami-2855 ", "bound "))
     }
-    assert set(rows) == {"flexmig", "first-fit", "hami", "bound"}
+    assert set(rows) == {"flexmig", "first-fit", "hami", "hami-2855", "bound"}
     assert "4 GPUs (2x A100-40GB, 2x H100-80GB)" in out
     assert "below the bound" in out and "Refused per request size" in out
 
 
 @pytest.mark.parametrize(
+    ("given", "sku"),
+    [
+        ("B200", "B200-180GB"),
+        ("NVIDIA H200", "H200-141GB"),
+        ("h200-sxm5", "H200-141GB"),
+        ("A800-80GB-PCIe", "A800-PCIE-80GB"),
+    ],
+)
+def test_models_resolve_like_profiles(given: str, sku: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # One resolver for every command: what `flexmig profiles` accepts, `simulate --models` accepts.
+    code = main(
+        [
+            "simulate",
+            "--nodes",
+            "1",
+            "--gpus-per-node",
+            "1",
+            "--pods",
+            "5",
+            "--quiet",
+            "--policy",
+            "first-fit",
+            "--models",
+            given,
+        ]
+    )
+    assert code == 0
+    assert f"1x {sku}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
     ("argv", "needle"),
     [
-        (["--models", "A100-40GB,Z9000"], "--models: unknown value 'Z9000'"),
+        (["--models", "A100-40GB,Z9000"], "--models: unknown GPU model 'Z9000'"),
         (["--policy", "best"], "--policy: unknown value 'best'"),
         (["--report", "/proc/version/x"], "--report: cannot create /proc/version/x: /proc/version is not"),
     ],
@@ -88,7 +120,7 @@ def test_a_report_dir_that_cannot_be_written_is_refused_before_the_run(
 def test_every_decision_is_realised_in_nvml_and_nothing_leaks() -> None:
     nodes = [runner.NodeSpec("n0", ("A100-40GB", "H200-141GB")), runner.NodeSpec("n1", ("A30-24GB",))]
     pods = workload.generate(60, seed=7)
-    for policy in (PackingPolicy(), FirstFitPolicy()):
+    for policy in (PackingPolicy(), FirstFitPolicy(), HamiScoredPolicy()):
         result = runner.run(policy, nodes, pods)
         assert result.pods == 60
         assert result.accepted + sum(result.rejected.values()) == 60
@@ -108,7 +140,7 @@ def test_json_is_one_document_with_the_documented_schema(capsys: pytest.CaptureF
     assert set(doc) == {"schema", "cluster", "workload", "results"}
     assert doc["cluster"]["gpus"] == 4 and doc["cluster"]["nodes"][1]["gpus"] == ["H100-80GB"] * 2
     assert doc["workload"]["pods"] == 40 and sum(s["pods"] for s in doc["workload"]["sizes"]) == 40
-    assert [r["policy"] for r in doc["results"]] == ["flexmig", "first-fit", "hami", "bound"]
+    assert [r["policy"] for r in doc["results"]] == ["flexmig", "first-fit", "hami", "hami-2855", "bound"]
     keys = {
         "policy", "realized", "pods", "accepted", "acceptance", "asked_mib", "accepted_mib",
         "memory_acceptance", "below_bound", "refused_by_reason", "refused_by_size", "mean_fragmentation",
@@ -149,7 +181,7 @@ def test_report_writes_a_self_contained_page(tmp_path: Path, capsys: pytest.Capt
     assert "<script" not in page and "http://" not in page and "https://" not in page
     for title in ("Pods accepted so far", "GPU memory in use", "Refused pods per request size"):
         assert title in page
-    for policy in ("flexmig", "first-fit", "hami"):
+    for policy in ("flexmig", "first-fit", "hami", "hami-2855"):
         assert f"<h3>{policy}: " in page  # its final slice map
     assert "<h3>bound: " not in page  # the bound has no slices to show
     assert "below the bound" in capsys.readouterr().out
@@ -213,3 +245,11 @@ def test_quiet_and_json_keep_stderr_free_of_the_solvers_banner() -> None:
         assert proc.returncode == 0, proc.stderr
         assert proc.stderr == "", (flag, proc.stderr)
         assert "HiGHS" not in proc.stdout
+
+
+def test_sim_init_takes_any_model_name() -> None:
+    from flexmig.commands.sim import parse_gpu_list
+
+    assert parse_gpu_list("NVIDIA H200:2,b200") == ["H200-141GB", "H200-141GB", "B200-180GB"]
+    with pytest.raises(ValueError, match="--gpus: unknown GPU model 'Z9'"):
+        parse_gpu_list("Z9:1")

@@ -222,6 +222,39 @@ RTX_PRO_6000 = (
     _R("4g.96gb+gfx", 12, 32, 4, 12, 1, 97408, 188, 4, 4, 4, 4, 1, _ZERO, _GFX, False, _RTX),
 )
 
+
+# Boards no public capture covers (docs/hardware.md, "Models without a capture"). Each reuses the
+# table of the part it is built from, because NVIDIA's MIG user guide lists the same profile names,
+# instance counts and memory fractions for both; every row is marked unconfirmed with its source.
+def _derived(rows: tuple[GiProfileRow, ...], note: str) -> tuple[GiProfileRow, ...]:
+    return tuple(replace(r, confirmed=False, note=note) for r in rows)
+
+
+# A800: the export variant of the A100 (same die and memory, reduced NVLink), so the A100 tables.
+A800_40GB = _derived(A100_40GB, "A800 40GB: every value [D] from A100-40GB (same die); no capture")
+A800_80GB = _derived(A100_80GB, "A800 80GB: every value [D] from A100-80GB (same die); no capture")
+# H800: the export variant of the H100 (reduced NVLink/FP64); SXM5 and PCIe keep H100's SM splits.
+H800_80GB = _derived(H100_80GB, "H800: every value [D] from H100 SXM5 (same die); no capture")
+H800_PCIE_80GB = _derived(H100_PCIE_80GB, "H800 PCIe: every value [D] from H100 PCIe; no capture")
+# H20 with 141 GB HBM3e: the H200's memory geometry; SMs unknown (H200 values as placeholder).
+H20_141GB = _derived(
+    H200_141GB, "H20 141GB: names [D] from the naming rule; everything else [U] (H200 values)"
+)
+# GB200: names and two SM counts from mig.md (mig-parted); the rest scaled from the B200 [U].
+_GB = "GB200: names [C]; MiB [U] (B200 scaled to 186 GB); placements [D]; engines from B200 [U]"
+_GB_SM = _GB + "; SMs [C]"
+GB200_186GB = (
+    _R("1g.23gb", 0, 19, 1, 1, 7, 23296, 18, 2, 1, 0, 1, 0, _ALL_7, confirmed=False, note=_GB),
+    _R("1g.23gb+me", 7, 20, 1, 1, 1, 23296, 18, 2, 1, 0, 1, 1, _ALL_7, _ME, False, _GB),
+    _R("1g.47gb", 9, 15, 1, 2, 4, 46848, 32, 2, 1, 0, 1, 0, _EVEN_4, confirmed=False, note=_GB_SM),
+    _R("2g.47gb", 1, 14, 2, 2, 3, 46848, 38, 4, 2, 0, 2, 0, _EVEN_3, confirmed=False, note=_GB_SM),
+    _R("3g.93gb", 2, 9, 3, 4, 2, 94208, 54, 6, 1, 0, 1, 0, _HALVES, confirmed=False, note=_GB),
+    _R("4g.93gb", 3, 5, 4, 4, 1, 94208, 72, 8, 1, 0, 1, 0, _ZERO, confirmed=False, note=_GB),
+    _R("7g.186gb", 4, 0, 7, 8, 1, 189184, 152, 16, 1, 0, 1, 1, _ZERO, confirmed=False, note=_GB),
+)
+# RTX PRO 6000 Workstation and Max-Q: the Server Edition's die and memory (188 SMs, 96 GB).
+RTX_PRO_6000_WS = _derived(RTX_PRO_6000, "RTX PRO 6000 Workstation/Max-Q: [D] from the Server Edition")
+
 _AMP, _HOP, _BW = Architecture.AMPERE, Architecture.HOPPER, Architecture.BLACKWELL
 
 
@@ -254,6 +287,30 @@ SKUS: dict[str, Sku] = {
             97887,
             _BW,
             RTX_PRO_6000,
+        ),
+        _sku("A800-40GB", "NVIDIA A800-SXM4-40GB", 0x20F8, 40960, _AMP, A800_40GB),
+        _sku("A800-PCIE-40GB", "NVIDIA A800 40GB PCIe", 0x20F6, 40960, _AMP, A800_40GB),
+        _sku("A800-80GB", "NVIDIA A800-SXM4-80GB", 0x20F3, 81920, _AMP, A800_80GB),
+        _sku("A800-PCIE-80GB", "NVIDIA A800 80GB PCIe", 0x20F5, 81920, _AMP, A800_80GB),
+        _sku("H800-80GB", "NVIDIA H800", 0x2324, 81559, _HOP, H800_80GB),
+        _sku("H800-PCIE-80GB", "NVIDIA H800 PCIe", 0x2322, 81559, _HOP, H800_PCIE_80GB),
+        _sku("H20-141GB", "NVIDIA H20-3e", 0x232C, 143771, _HOP, H20_141GB),
+        _sku("GB200-186GB", "NVIDIA GB200", 0x2941, 189471, _BW, GB200_186GB),
+        _sku(
+            "RTX-PRO-6000-WS",
+            "NVIDIA RTX PRO 6000 Blackwell Workstation Edition",
+            0x2BB1,
+            97887,
+            _BW,
+            RTX_PRO_6000_WS,
+        ),
+        _sku(
+            "RTX-PRO-6000-MAXQ",
+            "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition",
+            0x2BB4,
+            97887,
+            _BW,
+            RTX_PRO_6000_WS,
         ),
     )
 }

@@ -90,7 +90,8 @@ def test_unknown_model_warns_and_still_matches_exactly() -> None:
 
 def test_defaults_have_the_user_guide_shape_and_known_models() -> None:
     data = DEFAULT_MIG_PROFILE_ALLOWLIST.to_data()
-    assert len(data) == 9
+    # The user guide's nine entries, then A800 40/80GB, H800, H20 141GB and GB200 (docs/hardware.md).
+    assert len(data) == 14
     for entry in data:
         assert set(entry) == {"models", "profiles"}
     with structlog.testing.capture_logs() as logs:

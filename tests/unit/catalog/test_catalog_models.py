@@ -94,3 +94,36 @@ def test_identifiers_are_unique_across_models() -> None:
         for ident in model.identifiers():
             norm = normalize_model_name(ident)
             assert seen.setdefault(norm, model.key) == model.key, ident
+
+
+def test_model_profiles_equal_every_board_table() -> None:
+    # The controller reads GpuModel.profiles (it has no simulator); they must be the hardware's names.
+    for model in KNOWN_MODELS:
+        assert model.profiles, model.key
+        for key in model.skus:
+            assert tuple(r.name for r in SKUS[key].profiles) == model.profiles, key
+
+
+@pytest.mark.parametrize(
+    ("name", "key"),
+    [
+        ("NVIDIA A800-SXM4-40GB", "A800-40GB"),
+        ("A800 40GB PCIe", "A800-40GB"),
+        ("a800-80gb-pcie", "A800-80GB"),
+        ("NVIDIA H800", "H800-80GB"),
+        ("H800 PCIe", "H800-80GB"),
+        ("H20-3e", "H20-141GB"),
+        ("NVIDIA GB200", "GB200-186GB"),
+        ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "RTX-PRO-6000"),
+        ("RTX PRO 6000 Blackwell Max-Q Workstation Edition", "RTX-PRO-6000"),
+    ],
+)
+def test_added_models_resolve(name: str, key: str) -> None:
+    model = resolve_model(name)
+    assert model is not None and model.key == key
+
+
+def test_a800_is_not_an_a100() -> None:
+    # Same MIG tables, different boards: an A100 allowlist entry must not reach an A800.
+    assert not names_match("A100-SXM4-80GB", "NVIDIA A800-SXM4-80GB")
+    assert not names_match("H100-SXM5-80GB", "NVIDIA H800")

@@ -84,6 +84,27 @@ def test_sku_identities() -> None:
             97887,
             Architecture.BLACKWELL,
         ),
+        # Boards without a capture (docs/hardware.md, "Models without a capture").
+        "A800-40GB": ("NVIDIA A800-SXM4-40GB", 0x20F8, 40960, Architecture.AMPERE),
+        "A800-PCIE-40GB": ("NVIDIA A800 40GB PCIe", 0x20F6, 40960, Architecture.AMPERE),
+        "A800-80GB": ("NVIDIA A800-SXM4-80GB", 0x20F3, 81920, Architecture.AMPERE),
+        "A800-PCIE-80GB": ("NVIDIA A800 80GB PCIe", 0x20F5, 81920, Architecture.AMPERE),
+        "H800-80GB": ("NVIDIA H800", 0x2324, 81559, Architecture.HOPPER),
+        "H800-PCIE-80GB": ("NVIDIA H800 PCIe", 0x2322, 81559, Architecture.HOPPER),
+        "H20-141GB": ("NVIDIA H20-3e", 0x232C, 143771, Architecture.HOPPER),
+        "GB200-186GB": ("NVIDIA GB200", 0x2941, 189471, Architecture.BLACKWELL),
+        "RTX-PRO-6000-WS": (
+            "NVIDIA RTX PRO 6000 Blackwell Workstation Edition",
+            0x2BB1,
+            97887,
+            Architecture.BLACKWELL,
+        ),
+        "RTX-PRO-6000-MAXQ": (
+            "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition",
+            0x2BB4,
+            97887,
+            Architecture.BLACKWELL,
+        ),
     }
     got = {k: (s.product_name, s.pci_device_id, s.memory_total_mib, s.architecture) for k, s in SKUS.items()}
     assert got == expected
@@ -93,7 +114,7 @@ def test_sku_identities() -> None:
 
 
 def test_seven_slice_family_ids_and_placements() -> None:
-    for key in ("A100-40GB", "H100-80GB", "H200-141GB", "B200-180GB", "H20-96GB"):
+    for key in ("A100-40GB", "H100-80GB", "H200-141GB", "B200-180GB", "H20-96GB", "GB200-186GB", "A800-80GB"):
         by_id = {r.profile_id: (r.enum_index, r.memory_slices, r.starts) for r in SKUS[key].profiles}
         assert by_id == {
             19: (0, 1, (0, 1, 2, 3, 4, 5, 6)),

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 import yaml
 
 from controller.shim import ShimConfigError, ShimDefaults, parse_shim_defaults
+from driver.catalog.allowlist import DEFAULT_MIG_PROFILE_ALLOWLIST
 
 HAMI_DEVICE_CONFIG = """
 nvidia:
@@ -26,7 +28,21 @@ nvidia:
 
 
 def test_hamis_shipped_config_gives_hamis_defaults() -> None:
-    assert parse_shim_defaults(yaml.safe_load(HAMI_DEVICE_CONFIG)) == ShimDefaults(0, 0, 1)
+    got = parse_shim_defaults(yaml.safe_load(HAMI_DEVICE_CONFIG))
+    assert replace(got, allowlist=DEFAULT_MIG_PROFILE_ALLOWLIST) == ShimDefaults(0, 0, 1)
+    # The allowlist is read too: it says which nvidia.com/mig-<profile> resources can be served.
+    assert got.allowlist.to_data() == [
+        {"models": ["A100-SXM4-40GB"], "profiles": ["1g.5gb", "2g.10gb", "3g.20gb", "7g.40gb"]}
+    ]
+
+
+def test_bad_allowlist_names_the_field_and_hami_29_points_to_migrate_config() -> None:
+    bad = {"nvidia": {"migProfileAllowlist": [{"models": ["A100-SXM4-40GB"], "profiles": ["1g.5gbx"]}]}}
+    with pytest.raises(ShimConfigError, match=r"nvidia\.migProfileAllowlist\[0\]\.profiles\[0\]: '1g.5gbx'"):
+        parse_shim_defaults(bad)
+    v29 = {"nvidia": {"migProfileAllowlist": [{"models": ["A30"], "allowedGeometries": []}]}}
+    with pytest.raises(ShimConfigError, match="flexmig migrate-config"):
+        parse_shim_defaults(v29)
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,9 @@ def _hami_doc() -> dict[str, object]:
 
 def test_hami_v210_device_config_gives_hami_defaults() -> None:
     d = parse_shim_defaults(_hami_doc())
-    assert d == ShimDefaults()  # HAMi's chart renders HAMi's defaults: nothing changes
+    # HAMi's chart renders HAMi's defaults: nothing changes but the allowlist, which is read as given.
+    assert replace(d, allowlist=ShimDefaults().allowlist) == ShimDefaults()
+    assert d.allowlist.to_data() == _hami_doc()["nvidia"]["migProfileAllowlist"]
     assert hamiconfig.unused_keys(_hami_doc()) == ["cambricon", "hygon", "nvidia.overwriteEnv"]
 
 

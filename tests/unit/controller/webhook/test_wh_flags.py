@@ -9,6 +9,7 @@ import pytest
 
 from controller.shim import ShimDefaults
 from controller.webhook.templates import DEFAULT_GRACE_S
+from driver.catalog.allowlist import MigProfileAllowlist
 from flexmig.cli import build_parser
 from flexmig.commands.controller import _validate
 from flexmig.commands.controller_webhook import load_defaults, webhook_settings
@@ -93,7 +94,7 @@ def test_device_config_defaults(tmp_path: Path) -> None:
     good = tmp_path / "device-config.yaml"
     good.write_text("nvidia:\n  defaultMemory: 4096\n  defaultCores: 20\n  migProfileAllowlist: []\n")
     assert load_defaults(str(good)) == ShimDefaults(
-        default_memory_mib=4096, default_cores=20, default_gpu_num=1
+        default_memory_mib=4096, default_cores=20, default_gpu_num=1, allowlist=MigProfileAllowlist(())
     )
     assert load_defaults("") == ShimDefaults()
     bad = tmp_path / "bad.yaml"

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from controller.webhook import cabundle, certstore, flexmigclaims, templates, templatesync
+from controller.webhook import cabundle, certstore, flexmigclaims, quotas, templates, templatesync
 
-MODULES = (cabundle, certstore, flexmigclaims, templates, templatesync)
+MODULES = (cabundle, certstore, flexmigclaims, quotas, templates, templatesync)
 
 
 def _error(status: int, message: str) -> ApiException:

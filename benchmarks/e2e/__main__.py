@@ -1,0 +1,141 @@
+"""python3 -m benchmarks.e2e [--nodes 10] [--gpus-per-node 8] [--pods 50,200] [--kinds legacy,claim,nogpu]
+[--modes controller,scheduler] [--latency zero,realistic]
+
+Prints one row per configuration: pods Running, pods/s over the burst (first POST to last Running),
+created -> Running latency p50/p99 and the p99 of each stage (admission, gate removal, scheduling,
+prepare), CPU seconds of the controller and of the plugins per 1,000 pods, and peak RSS. Then what
+flexmig adds: a GPU kind's p99 minus the no-GPU pods' p99 in the same mode, latency and burst size.
+See benchmarks/e2e/__init__.py for what runs; results are kept in benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+
+from tests.e2e.cluster import ControlPlane, build_binaries
+from tests.e2e.scenario import NodeSpec, Scenario, ScenarioOptions
+
+from .run import Result, measure, set_latency
+from .workloads import KINDS
+
+MODES = ("controller", "scheduler")
+LATENCIES = ("zero", "realistic")
+
+
+def _list(text: str, allowed: tuple[str, ...], flag: str) -> list[str]:
+    items = [x for x in text.split(",") if x]
+    bad = [x for x in items if x not in allowed]
+    if bad or not items:
+        raise SystemExit(f"{flag}: {','.join(bad) or text!r} not allowed; allowed: {', '.join(allowed)}")
+    return items
+
+
+def _options(mode: str) -> ScenarioOptions:
+    if mode == "controller":
+        return ScenarioOptions(webhook=True)
+    return ScenarioOptions(start_controller=False, extra_values=("--set", "allocationMode=scheduler"))
+
+
+def _ms(x: float) -> str:
+    return "-" if math.isnan(x) else f"{x * 1000:.0f}"
+
+
+def _row(r: Result) -> str:
+    per_k = 1000 / max(1, r.running)
+    ctl = f"{r.controller.cpu_s * per_k:.1f}" if r.controller else "-"
+    ctl_rss = f"{r.controller.peak_rss_mib:.0f}" if r.controller else "-"
+    return (
+        f"| {r.mode} | {r.latency} | {r.kind} | {r.pods} | {r.running} | {r.pods_per_s:.1f} "
+        f"| {_ms(r.p50['total'])} / {_ms(r.p99['total'])} | {_ms(r.p99['admission'])} | {_ms(r.p99['gate'])} "
+        f"| {_ms(r.p99['scheduling'])} | {_ms(r.p99['prepare'])} | {ctl} | {ctl_rss} "
+        f"| {r.plugins_cpu_s * per_k:.1f} | {r.plugin_peak_rss_mib:.0f} |"
+    )
+
+
+HEADER = (
+    "| mode | NVML latency | kind | pods | running | pods/s | total p50 / p99 ms | admission p99 | gate p99 "
+    "| scheduling p99 | prepare p99 | controller CPU s /1k pods | controller peak RSS MiB "
+    "| plugins CPU s /1k pods | plugin peak RSS MiB |\n" + "|---" * 15 + "|"
+)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--nodes", type=int, default=10)
+    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--pods", default="50,200")
+    p.add_argument("--kinds", default=",".join(KINDS))
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--latency", default=",".join(LATENCIES))
+    args = p.parse_args()
+    kinds = _list(args.kinds, KINDS, "--kinds")
+    modes = _list(args.modes, MODES, "--modes")
+    latencies = _list(args.latency, LATENCIES, "--latency")
+    try:
+        sizes = [int(x) for x in args.pods.split(",") if x]
+    except ValueError:
+        raise SystemExit(f"--pods: {args.pods!r} is not a comma-separated list of pod counts") from None
+    slots = args.nodes * args.gpus_per_node * 7
+    if not sizes or min(sizes) < 1 or max(sizes) > slots:
+        raise SystemExit(f"--pods: each burst must be 1..{slots} (7 x 1g.10gb per GPU on these nodes)")
+    if not 1 <= args.nodes <= 200 or not 1 <= args.gpus_per_node <= 16:
+        raise SystemExit("--nodes: 1..200, --gpus-per-node: 1..16")
+
+    nodes = [NodeSpec(f"bench{i:03d}", ("H100-80GB",) * args.gpus_per_node) for i in range(args.nodes)]
+    results: list[Result] = []
+    t0 = time.monotonic()
+    print("[e2e-bench] control plane ...", file=sys.stderr)
+    with ControlPlane(build_binaries()) as cp:
+        round_no = 0
+        for mode in modes:
+            print(
+                f"[e2e-bench] {mode} mode: {args.nodes} nodes x {args.gpus_per_node} H100-80GB",
+                file=sys.stderr,
+            )
+            with Scenario(cp, nodes, _options(mode), release=f"flexmig-{mode[:5]}") as sc:
+                if mode == "controller":
+                    sc.wait_webhook()
+                for latency in latencies:
+                    set_latency(sc, latency == "realistic")
+                    for size in sizes:
+                        for kind in kinds:
+                            if kind == "legacy" and mode == "scheduler":
+                                continue  # no webhook in scheduler mode: legacy limits are not served
+                            round_no += 1
+                            r = measure(sc, mode, kind, size, latency == "realistic", round_no)
+                            results.append(r)
+                            print(f"[e2e-bench] {time.monotonic() - t0:6.0f}s {_row(r)}", file=sys.stderr)
+    print(
+        f"\nflexmig end to end: {args.nodes} simulated nodes x {args.gpus_per_node} H100-80GB, "
+        f"1g.10gb-sized pods, bursts from 16 concurrent clients\n"
+    )
+    print(HEADER)
+    for r in results:
+        print(_row(r))
+    print("\nadded by flexmig (p99 of the GPU kind minus p99 of no-GPU pods, same mode/latency/size):")
+    base = {(r.mode, r.latency, r.pods): r for r in results if r.kind == "nogpu"}
+    for r in results:
+        b = base.get((r.mode, r.latency, r.pods))
+        if r.kind != "nogpu" and b is not None:
+            print(
+                f"  {r.mode:10} {r.latency:9} {r.kind:6} {r.pods:5} pods: "
+                f"{_ms(r.p99['total'] - b.p99['total'])} ms"
+            )
+    print("\nNVML calls per running pod during the burst (all nodes; the top five functions):")
+    for r in results:
+        if r.kind != "nogpu" and r.running:
+            top = sorted(r.nvml_calls.items(), key=lambda kv: -kv[1])[:5]
+            per_pod = sum(r.nvml_calls.values()) / r.running
+            detail = ", ".join(f"{f.removeprefix('nvml')} {n / r.running:.1f}" for f, n in top)
+            print(f"  {r.mode:10} {r.latency:9} {r.kind:6} {r.pods:5} pods: {per_pod:.1f} ({detail})")
+    incomplete = [r for r in results if r.running < r.pods]
+    for r in incomplete:
+        print(f"INCOMPLETE: {r.mode}/{r.latency}/{r.kind}/{r.pods}: {r.running} running", file=sys.stderr)
+    return 1 if incomplete else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""The pods of a burst, by kind, and the burst that creates them the way many users would at once.
+
+Kinds (every pod asks for one 1g.10gb-sized MIG device on the simulated H100-80GB nodes, or nothing):
+- `legacy`: HAMi-style limits `nvidia.com/gpu: 1` + `nvidia.com/gpumem: 10000`; the webhook
+  rewrites them into a claim template (controller mode only: scheduler mode installs no webhook);
+- `claim`: a ResourceClaim of the MIG class selecting profile 1g.10gb, and a pod using it (the claim's
+  POST counts as the start: a user applies both);
+- `nogpu`: the same pod with no GPU at all, the baseline flexmig's own cost is measured against.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from api.constants import DRIVER_NAME, RESOURCE_GPU, RESOURCE_GPUMEM
+from controller.kube.rest import request
+from tests.e2e.objects import UNPULLABLE_IMAGE, claim_body, pod_body
+
+from .timeline import Timeline
+
+KINDS = ("legacy", "claim", "nogpu")
+MIG_CLASS = "mig.gpu.flexmig.dev"
+PROFILE = "1g.10gb"
+LEGACY_MIB = 10000
+
+
+def _plain_pod(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "automountServiceAccountToken": False,
+            "containers": [{"name": "main", "image": UNPULLABLE_IMAGE}],
+        },
+    }
+
+
+def pod_for(kind: str, name: str, node_selector: dict[str, str]) -> dict[str, Any]:
+    if kind == "claim":
+        body = pod_body(name, name)
+    else:
+        body = _plain_pod(name)
+        if kind == "legacy":
+            limits = {RESOURCE_GPU: "1", RESOURCE_GPUMEM: str(LEGACY_MIB)}
+            body["spec"]["containers"][0]["resources"] = {"limits": limits}
+    body["spec"]["nodeSelector"] = dict(node_selector)
+    return body
+
+
+def claim_for(name: str) -> dict[str, Any]:
+    return claim_body(name, MIG_CLASS, [f'device.attributes["{DRIVER_NAME}"].profile == "{PROFILE}"'])
+
+
+def create_burst(
+    api: Any,
+    ns: str,
+    kind: str,
+    count: int,
+    node_selector: dict[str, str],
+    timeline: Timeline,
+    clients: int = 16,
+) -> list[str]:
+    """Create `count` pods of `kind` from `clients` concurrent clients; the names whose POST failed."""
+    failed: list[str] = []
+
+    def one(i: int) -> None:
+        name = f"{kind}-{i:05d}"
+        timeline.mark(name, "posted")
+        try:
+            if kind == "claim":
+                request(
+                    api, "POST", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims", claim_for(name)
+                )
+            request(api, "POST", f"/api/v1/namespaces/{ns}/pods", pod_for(kind, name, node_selector))
+        except Exception:
+            failed.append(name)
+            return
+        timeline.mark(name, "admitted")
+
+    with ThreadPoolExecutor(max_workers=clients) as pool:
+        list(pool.map(one, range(count)))
+    return failed
+
+
+def wait_for(cond: Callable[[], bool], timeout_s: float, every_s: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(every_s)
+    return cond()
