@@ -44,6 +44,9 @@ class Nvml:
         # CI profile facts are fixed per (GPU, GI profile); querying all of them costs one NVML call
         # per CI profile, on every CI create, so they are read once.
         self._ci_profile_cache: dict[tuple[int, int], list[CiProfile]] = {}
+        # A device handle is valid from nvmlInit to nvmlShutdown; a prepare looked each GPU's handle up
+        # about a dozen times (a quarter of its NVML calls), so it is looked up once per init.
+        self._handles: dict[int, Any] = {}
         self._health = HealthEventWatch(lib, self._call)
 
     # -- plumbing -----------------------------------------------------------------------------------
@@ -56,7 +59,10 @@ class Nvml:
             raise NvmlError(function, NvmlErrorCode.from_int(int(exc.value)), str(exc)) from exc
 
     def _handle(self, index: int) -> Any:
-        return self._call("nvmlDeviceGetHandleByIndex", index)
+        handle = self._handles.get(index)
+        if handle is None:
+            handle = self._handles[index] = self._call("nvmlDeviceGetHandleByIndex", index)
+        return handle
 
     def _gi_handle(self, index: int, gi_id: int) -> Any:
         return self._call("nvmlDeviceGetGpuInstanceById", self._handle(index), gi_id)
@@ -64,9 +70,11 @@ class Nvml:
     # -- lifetime -----------------------------------------------------------------------------------
 
     def init(self) -> None:
+        self._handles.clear()
         self._call("nvmlInit")
 
     def shutdown(self) -> None:
+        self._handles.clear()
         try:
             self._health.close()
         finally:
