@@ -25,6 +25,12 @@ seconds). The controller's MIG policy then co-locates pods expected to end toget
 GPUs free up for large requests (controller/allocation/lifetime.py). A bad value is ignored with a
 Warning event; it never blocks the pod."""
 
+ANNOTATION_MOVABLE = "gpu.flexmig.dev/movable"
+"""Pod annotation, `"true"` or `"false"`: whether the controller may evict the pod so that its
+controller (Deployment, Job, ...) recreates it on devices reserved elsewhere, to make room for a pod
+that fits nowhere (docs/moves.md). Without it a pod is movable only in a namespace the operator lists
+(`--movable-namespaces`); `"false"` opts out even there. Off by default."""
+
 # --- pod annotations (kept from HAMi) ---------------------------------------------------------
 
 ANNOTATION_MIG_ALLOCATIONS = "hami.io/vgpu-mig-allocations"

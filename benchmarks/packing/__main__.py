@@ -5,7 +5,8 @@ Online (per scenario and load): first fit, HAMi v2.10's heuristic, HAMi after it
 narrows the policies). Offline: GPUs used per order against the exact optimum (HiGHS).
 Scale: decision latency and peak RSS at 1,000 and 5,000 nodes x 8 GPUs, one- and two-device pods.
 With `--hints exact,noisy` also flexmig with lifetime hints against none (hints.py); with
-`--priority-mix 0.1,0.25` flexmig with priority preemption off and on (priority.py). Prints Markdown
+`--priority-mix 0.1,0.25` flexmig with priority preemption off and on (priority.py); with
+`--movable-shares 0,0.25,0.5,1` flexmig moving movable pods to make room (moves.py). Prints Markdown
 tables.
 """
 
@@ -23,7 +24,7 @@ from driver.policy.allocator import HINT_WEIGHT, FirstFitPolicy, PackingPolicy, 
 from driver.policy.hami import HamiPolicy
 from driver.policy.hami_scored import HamiScoredPolicy
 
-from . import hints, offline, online, priority
+from . import hints, moves, offline, online, priority
 
 LOADS = (0.7, 0.9, 1.1)
 
@@ -166,6 +167,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="comma-separated shares of high-priority pods (e.g. 0.1,0.25) for a table of flexmig with "
         "priority preemption off and on (priority.py; default: no such table)",
     )
+    parser.add_argument(
+        "--movable-shares",
+        default="",
+        help="comma-separated shares of movable pods (e.g. 0,0.25,0.5,1) for a table of flexmig moving "
+        "them to make room (moves.py; default: no such table)",
+    )
     parser.add_argument("--out", help="also write the Markdown here")
     args = parser.parse_args(argv)
     try:
@@ -174,6 +181,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--priority-mix: not numbers: {args.priority_mix!r}")
     if any(not 0 < x <= 1 for x in high_shares):
         parser.error(f"--priority-mix: shares must be in (0, 1], got {args.priority_mix!r}")
+    try:
+        movable_shares = [float(x) for x in args.movable_shares.split(",") if x]
+    except ValueError:
+        parser.error(f"--movable-shares: not numbers: {args.movable_shares!r}")
+    if any(not 0 <= x <= 1 for x in movable_shares):
+        parser.error(f"--movable-shares: shares must be in [0, 1], got {args.movable_shares!r}")
     modes = [m for m in args.hints.split(",") if m]
     if set(modes) - set(hints.MODES):
         parser.error(
@@ -221,6 +234,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"that does not fit waits up to {priority.PATIENCE:g} (mean lifetime {online.MEAN_LIFETIME:g}); "
             "evicted pods restart from the beginning)\n\n"
             + priority.priority_table(args.seeds, args.pods, scenarios, loads, high_shares)
+        )
+    if movable_shares:
+        parts.append(
+            f"### Movable share, flexmig ({args.seeds} seeds x {args.pods} pods, first 20 % skipped; a "
+            "pod that fits nowhere gets room by moving movable pods, at most two, or is refused; moved "
+            "pods restart)\n\n" + moves.moves_table(args.seeds, args.pods, scenarios, loads, movable_shares)
         )
     if "offline" not in skip:
         parts.append(

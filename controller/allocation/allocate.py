@@ -144,10 +144,12 @@ class PodAllocation:
             node_ok = self._node_filter(pod, allocated)
             hint = self._end_hint(pod)
             self.preemption.before_decide(self.ledger, key)  # what a preemption freed for it is its own
+            # A moved pod's replacement: only its reserved destination (controller/allocation/moves.py).
+            decide_ok = self.preemption.moves.before_decide(self.ledger, pod, node_ok)
             decision = Decider(self.ledger, self.index, self.placer).decide(
                 todo,
                 self.cache["deviceclasses"],
-                node_ok=node_ok,
+                node_ok=decide_ok,
                 end_hint=hint,
                 shim_uids=shim_generated(pod, claims),
             )

@@ -315,7 +315,7 @@ class Controller(PodAllocation):
             self.dirty |= set(self.pending)
         self.metrics.unsettled_writes.set(len(self.uncertain))
         if leading and self.writer is not None:
-            self.preemption.start_step(self.ledger, self.cache["pods"])  # holds freed devices first
+            self.preemption.start_step(self.ledger, self.cache["pods"], self.writer)  # holds first
             order = self._decision_order()
             planned = self.bursts.plan(
                 self.placer,

@@ -21,9 +21,8 @@ leadership stays here: a failed preemption leaves the pod waiting as it would wi
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import structlog
@@ -31,6 +30,8 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry, Counter
 
 from controller.allocation.decide import ControllerReason, Decider, Decision
+from controller.allocation.freed import claims_freed
+from controller.allocation.moves import Moves
 from controller.allocation.nominate import HOLD_S, Nomination, Nominations
 from controller.allocation.preemptpods import Candidate, candidates_by_node, may_preempt, priority
 from controller.allocation.preemptsearch import VictimSet, victim_sets
@@ -69,31 +70,21 @@ class State(Protocol):
     index: CandidateIndex
 
 
-@contextlib.contextmanager
-def claims_freed(ledger: Ledger, uids: set[str]) -> Iterator[None]:
-    """The ledger as if these claims held nothing, for the length of the block (then exactly as before)."""
-    saved = {
-        u: (ledger.claims[u], ledger.assumed.get(u, None), u in ledger.assumed)
-        for u in uids
-        if u in ledger.claims
-    }
-    for uid in saved:
-        ledger.forget(uid)
-    try:
-        yield
-    finally:
-        for uid, (devices, rv, assumed) in saved.items():
-            ledger.observe(uid, devices)
-            if assumed:
-                ledger.assumed[uid] = rv
-
-
 class Preemption:
     def __init__(
-        self, registry: CollectorRegistry | None = None, *, enabled: bool = True, hold_s: float = HOLD_S
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        enabled: bool = True,
+        hold_s: float = HOLD_S,
+        moves: Moves | None = None,
     ) -> None:
         self.enabled = enabled
         self.nominations = Nominations(hold_s)
+        # Moving movable pods (controller/allocation/moves.py): tried when preemption finds nothing;
+        # it reserves the waiting pod's placement with the same nominations. Off unless configured.
+        self.moves = moves or Moves(registry=None)
+        self.moves.bind(self.nominations, self._evict, self._event)
         self.refused: dict[str, float] = {}  # victim pod uid -> until when a PDB is taken to refuse it
         self._expired_seen = 0
         kw: dict[str, Any] = {"registry": registry}  # None: not registered (unit tests)
@@ -117,7 +108,9 @@ class Preemption:
 
     # --- the nominee's hold, around every step and decision ----------------------------------------------
 
-    def start_step(self, ledger: Ledger, pods: Mapping[str, Mapping[str, Any]]) -> None:
+    def start_step(
+        self, ledger: Ledger, pods: Mapping[str, Mapping[str, Any]], writer: Writer | None = None
+    ) -> None:
         now = time.monotonic()
         live = (str((p.get("metadata") or {}).get("uid")) for p in pods.values())
         try:
@@ -127,16 +120,25 @@ class Preemption:
         if self.nominations.expired > self._expired_seen:
             self.expired.inc(self.nominations.expired - self._expired_seen)
             self._expired_seen = self.nominations.expired
+        try:  # after the nominations: a move's reservation for a pod ends with its nomination
+            self.moves.start_step(ledger, pods, writer, now)
+        except NotLeader:
+            raise
+        except Exception as exc:  # as for the holds above: the next step tries again
+            log.exception("holding move reservations failed", error=str(exc))
         self.refused = {u: t for u, t in self.refused.items() if t > now}
 
     def before_decide(self, ledger: Ledger, pod_key: str) -> None:
         self.nominations.release(ledger, pod_key)
+        self.moves.release_target(ledger, pod_key)
 
     def not_placed(self, ledger: Ledger, pod_key: str) -> None:
         self.nominations.hold_one(ledger, pod_key)
+        self.moves.not_placed(ledger, pod_key)
 
     def placed(self, ledger: Ledger, pod_key: str) -> None:
         self.nominations.drop(ledger, pod_key)
+        self.moves.placed(ledger, pod_key)
 
     # --- preemption --------------------------------------------------------------------------------
 
@@ -152,10 +154,13 @@ class Preemption:
         """After `decision` failed for `pod`: evict and nominate where that makes it fit. The text for
         the pod's condition (reason `Preempting`), or None when preemption does not help (or is off,
         or failed: logged, and the pod waits as it would without preemption)."""
-        if not self.enabled or st.writer is None or decision.reason not in PREEMPTION_HELPS:
+        if st.writer is None or decision.reason not in PREEMPTION_HELPS:
+            return None
+        if self.moves.is_replacement(pod):  # it waits for the room reserved for it, evicting nobody
             return None
         try:
-            return self._preempt(st, pod, todo, node_ok, end_hint)
+            found = self._preempt(st, pod, todo, node_ok, end_hint) if self.enabled else None
+            return found if found is not None else self.moves.make_room(st, pod, todo, node_ok, end_hint)
         except NotLeader:
             raise
         except Exception as exc:

@@ -20,12 +20,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import structlog
 
 from controller.allocation.loop import Controller
+from controller.allocation.moves import Moves, MoveSettings
 from controller.allocation.nominate import HOLD_S
 from controller.allocation.preempt import Preemption
 from controller.kube.leader import LeaderElector
@@ -61,6 +62,9 @@ class ProcessOptions:
     burst_budget_s: float = BURST_PLAN_BUDGET_S  # 0: no burst plans (driver/policy/burstplan.py)
     preemption: bool = True  # evict lower-priority pods for a pod that fits nowhere (docs/preemption.md)
     preemption_hold_s: float = HOLD_S
+    moves: MoveSettings = field(
+        default_factory=MoveSettings
+    )  # moving movable pods to make room (docs/moves.md): off
     webhook_tick_s: float = 10.0
     reflector_stuck_after_s: float = STUCK_AFTER_S
     lease_s: float = 15.0
@@ -125,7 +129,10 @@ class ControllerProcess:
             metrics=self.metrics,
             is_leader=self.leading,
             preemption=Preemption(
-                self.metrics.registry, enabled=options.preemption, hold_s=options.preemption_hold_s
+                self.metrics.registry,
+                enabled=options.preemption,
+                hold_s=options.preemption_hold_s,
+                moves=Moves(options.moves, self.metrics.registry),
             ),
         )
         self.webhook: Webhook | None = None

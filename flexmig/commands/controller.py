@@ -17,6 +17,7 @@ import structlog
 from api.constants import DEFAULT_CONTROLLER_METRICS_PORT
 from driver.transportretry import with_safe_retries
 from flexmig.cliargs import UsageError
+from flexmig.commands.controller_moves import add_move_flags, move_settings, validate_move_flags
 from flexmig.commands.controller_webhook import (
     add_webhook_flags,
     load_defaults,
@@ -60,6 +61,7 @@ def register(subparsers: Any) -> None:
         help="seconds the devices freed by a preemption stay held for the preemptor after its victims "
         f"are gone, 1 to {MAX_PREEMPTION_HOLD_S:g} (default {PREEMPTION_HOLD_S:g})",
     )
+    add_move_flags(p)
     p.add_argument(
         "--metrics-port",
         type=int,
@@ -87,6 +89,8 @@ def _validate(args: argparse.Namespace) -> str | None:
         return f"--preemption: {args.preemption!r} is not one of true, false"
     if not 1 <= args.preemption_hold <= MAX_PREEMPTION_HOLD_S:  # NaN fails too
         return f"--preemption-hold: {args.preemption_hold} is not a number of seconds from 1 to {MAX_PREEMPTION_HOLD_S:g}"
+    if (problem := validate_move_flags(args)) is not None:
+        return problem
     if not 0 <= args.metrics_port <= 65535:
         return f"--metrics-port: {args.metrics_port} is not a port (0..65535, 0 disables)"
     if args.leader_elect not in ("true", "false"):
@@ -162,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
         burst_budget_s=args.burst_plan_budget,
         preemption=args.preemption == "true",
         preemption_hold_s=args.preemption_hold,
+        moves=move_settings(args),
     )
     try:
         process = ControllerProcess(api, options, webhook=webhook)
@@ -174,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
         identity=args.identity,
         policy=args.policy,
         preemption=args.preemption,
+        moves=args.moves,
         metrics_port=process.metrics_port,
         webhook_port=args.webhook_port or None,
     )

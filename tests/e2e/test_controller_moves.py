@@ -1,0 +1,128 @@
+"""Moving movable pods (issue 26, docs/moves.md) on the real control plane: flexmig installed by its
+chart, one simulated node with two A100-40GB, the controller as a local process with `--moves=true`.
+
+Each GPU holds one 1g.5gb pod: one from a Deployment that opted in (`gpu.flexmig.dev/movable`), one
+bare pod that did not. A 7g.40gb pod (a whole GPU) fits nowhere and has no lower-priority pod to
+preempt; the controller evicts the movable pod, its Deployment recreates it, the replacement is
+placed on the other GPU (its reserved destination) and the big pod gets the GPU it left. The pod
+without the opt-in is never evicted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from api.constants import ALLOCATION_GATE, ANNOTATION_MOVABLE, DRIVER_NAME
+from controller.kube.rest import pod_path
+from controller.kube.rest import request as send
+
+from .cluster import ControlPlane, wait_until
+from .objects import claim_body, pod_body
+from .scenario import SCENARIO_LABEL, NodeSpec, Scenario, ScenarioOptions
+
+pytestmark = pytest.mark.e2e
+MIG_CLASS = f"mig.{DRIVER_NAME}"
+PROFILE = f'device.attributes["{DRIVER_NAME}"].profile'
+INDEX = f'device.attributes["{DRIVER_NAME}"].index'
+
+
+@pytest.fixture(scope="module")
+def sc(control_plane: ControlPlane, request: pytest.FixtureRequest) -> Iterator[Scenario]:
+    s = Scenario(
+        control_plane,
+        [NodeSpec("mv-a100", ("A100-40GB", "A100-40GB"))],
+        ScenarioOptions(controller_args=("--moves=true",)),
+    )
+    try:
+        s.start()
+    except BaseException:
+        s.stop(failed=True)
+        raise
+    failed_before = request.session.testsfailed
+    yield s
+    s.stop(failed=request.session.testsfailed > failed_before)
+
+
+def _template(sc: Scenario, ns: str, name: str, selectors: list[str]) -> None:
+    spec = claim_body(name, MIG_CLASS, selectors)["spec"]
+    sc.create(
+        ns,
+        "resourceclaimtemplates",
+        {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": name}, "spec": {"spec": spec}},
+    )  # fmt: skip
+
+
+def _pod(sc: Scenario, ns: str, name: str, selectors: list[str]) -> dict[str, Any]:
+    _template(sc, ns, f"t-{name}", selectors)
+    body = pod_body(name, {"resourceClaimTemplateName": f"t-{name}"}, gates=[ALLOCATION_GATE])
+    body["spec"]["nodeSelector"] = {SCENARIO_LABEL: sc.suffix}
+    body["spec"]["terminationGracePeriodSeconds"] = 2
+    sc.create(ns, "pods", body)
+    return sc.wait_running(ns, name, timeout_s=120)
+
+
+def _gpu(sc: Scenario, pod: dict[str, Any]) -> int:
+    (claim,) = sc.claims_of(pod)
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    return int(str(result["device"]).split("-")[1])  # gpu-<index>-...
+
+
+def _pods(sc: Scenario, ns: str, app: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = send(
+        sc.api, "GET", f"/api/v1/namespaces/{ns}/pods?labelSelector=app%3D{app}"
+    )["items"]
+    return items
+
+
+def _events(sc: Scenario, ns: str, reason: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = send(sc.api, "GET", f"/api/v1/namespaces/{ns}/events")["items"]
+    return [e for e in items if e.get("reason") == reason]
+
+
+def test_a_big_pod_gets_room_by_moving_a_movable_pod_its_deployment_recreates(sc: Scenario) -> None:
+    ns = sc.test_namespace("moves")
+    # A whole GPU taken for a moment, so that the movable pod lands on the other one.
+    blocker = _pod(sc, ns, "blocker", [f'{PROFILE} == "7g.40gb"'])
+    taken = _gpu(sc, blocker)
+    _template(sc, ns, "small", [f'{PROFILE} == "1g.5gb"'])
+    pod = pod_body("mover", {"resourceClaimTemplateName": "small"}, gates=[ALLOCATION_GATE])
+    pod["metadata"] = {"labels": {"app": "mover"}, "annotations": {ANNOTATION_MOVABLE: "true"}}
+    pod["spec"]["nodeSelector"] = {SCENARIO_LABEL: sc.suffix}
+    pod["spec"]["terminationGracePeriodSeconds"] = 2
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "mover"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "mover"}}, "template": pod},
+    }
+    send(sc.api, "POST", f"/apis/apps/v1/namespaces/{ns}/deployments", deployment)
+    wait_until(lambda: len(_pods(sc, ns, "mover")) == 1, 60, "the Deployment's pod")
+    first = sc.wait_running(ns, _pods(sc, ns, "mover")[0]["metadata"]["name"], timeout_s=120)
+    moved_from = _gpu(sc, first)
+    assert moved_from != taken
+    sc.delete_pod(ns, "blocker")
+    # The pod that did not opt in, on the GPU the blocker left: each GPU now holds one small pod.
+    stay = _pod(sc, ns, "stay", [f'{PROFILE} == "1g.5gb"', f"{INDEX} == {taken}"])
+    big = pod_body("big", {"resourceClaimTemplateName": "t-big"}, gates=[ALLOCATION_GATE])
+    _template(sc, ns, "t-big", [f'{PROFILE} == "7g.40gb"'])
+    big["spec"]["nodeSelector"] = {SCENARIO_LABEL: sc.suffix}
+    big["spec"]["terminationGracePeriodSeconds"] = 2
+    sc.create(ns, "pods", big)
+    placed = sc.wait_running(ns, "big", timeout_s=180)
+    assert _gpu(sc, placed) == moved_from  # the GPU the movable pod left
+    (replacement,) = [p for p in _pods(sc, ns, "mover") if p["metadata"]["uid"] != first["metadata"]["uid"]]
+    replacement = sc.wait_running(ns, replacement["metadata"]["name"], timeout_s=120)
+    assert _gpu(sc, replacement) == taken  # its reserved destination, next to "stay"
+    still = send(sc.api, "GET", pod_path(ns, "stay"))
+    assert still["metadata"]["uid"] == stay["metadata"]["uid"] and not still["metadata"].get(
+        "deletionTimestamp"
+    )
+    assert [e["involvedObject"]["name"] for e in _events(sc, ns, "Moved")] == [first["metadata"]["name"]]
+    assert not [e for e in _events(sc, ns, "Moved") if e["involvedObject"]["name"] == "stay"]
+    assert _events(sc, ns, "MakingRoom")
+    send(sc.api, "DELETE", f"/apis/apps/v1/namespaces/{ns}/deployments/mover")
+    sc.delete_pod(ns, "big")
+    sc.delete_pod(ns, "stay")

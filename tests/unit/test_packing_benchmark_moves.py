@@ -1,0 +1,46 @@
+"""benchmarks/packing/moves.py: the movable-share stream (moves of movable pods to make room)."""
+
+from __future__ import annotations
+
+import itertools
+
+from benchmarks.packing import moves, online
+from driver.policy.allocator import PackingPolicy
+
+
+def test_with_no_movable_pod_nothing_changes_and_with_all_movable_more_is_accepted() -> None:
+    scenario = online.SCENARIOS[0]
+    stream = online.generate(scenario, 0.9, 300, 0)
+    plain = online.run_policy(PackingPolicy(), scenario, stream)
+    none, made_none = moves.run_moves(scenario, stream, 0.0, 0)
+    assert made_none == 0 and (none.accepted, none.mib_accepted) == (plain.accepted, plain.mib_accepted)
+    every, made = moves.run_moves(scenario, stream, 1.0, 0)
+    assert made > 0 and every.mib_accepted > none.mib_accepted
+
+
+def test_only_movable_pods_are_moved_and_each_at_most_once_per_window() -> None:
+    scenario = online.SCENARIOS[0]
+    sim = moves.MoveSim(scenario, 0.5, 0)
+    moved_at: dict[str, list[float]] = {}
+    carry_out = sim._carry_out
+
+    def watched(run: moves._Running, plan: moves.MovePlan, now: float) -> bool:
+        for cand, _ in plan.moves:
+            assert sim.running[cand.key].movable
+            assert sim.running[cand.key].end - now >= moves.MIN_REMAINING
+            moved_at.setdefault(cand.key, []).append(now)
+        return carry_out(run, plan, now)
+
+    sim._carry_out = watched  # type: ignore[method-assign]
+    for pod in online.generate(scenario, 1.0, 300, 1):
+        sim.drain(pod.arrival)
+        sim.admit(pod, pod.arrival)
+    assert moved_at
+    for times in moved_at.values():
+        assert all(b - a >= moves.WINDOW for a, b in itertools.pairwise(times))
+
+
+def test_the_table_has_a_row_per_share() -> None:
+    text = moves.moves_table(1, 80, [online.SCENARIOS[0]], [0.9], [0.0, 0.5])
+    rows = [line for line in text.splitlines() if line.startswith("| single-8")]
+    assert [r.split(" | ")[2] for r in rows] == ["0%", "50%"]
