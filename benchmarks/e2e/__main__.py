@@ -1,11 +1,17 @@
 """python3 -m benchmarks.e2e [--nodes 10] [--gpus-per-node 8] [--pods 50,200] [--kinds legacy,claim,nogpu]
-[--modes controller,scheduler] [--latency zero,realistic]
+[--modes controller,scheduler] [--latency zero,realistic] [--idle-grace 0,30] [--churn]
 
 Prints one row per configuration: pods Running, pods/s over the burst (first POST to last Running),
 created -> Running latency p50/p99 and the p99 of each stage (admission, gate removal, scheduling,
 prepare), CPU seconds of the controller and of the plugins per 1,000 pods, and peak RSS. Then what
 flexmig adds: a GPU kind's p99 minus the no-GPU pods' p99 in the same mode, latency and burst size.
 See benchmarks/e2e/__init__.py for what runs; results are kept in benchmarks/RESULTS.md.
+
+`--idle-grace` installs flexmig once per value with the plugin keeping idle MIG instances that many
+seconds (0 = off; the mode column then reads e.g. `controller+idle30s`), and `--churn` adds, per GPU
+kind, a round whose measured burst follows an unmeasured one deleted just before (kind `claim/churn`):
+with a grace period its pods land on the idle instances the first burst left (reuse), without one on
+freshly created instances. Compare the churn rows of `--idle-grace 0,30`.
 """
 
 from __future__ import annotations
@@ -33,10 +39,18 @@ def _list(text: str, allowed: tuple[str, ...], flag: str) -> list[str]:
     return items
 
 
-def _options(mode: str) -> ScenarioOptions:
+def _options(mode: str, idle_grace_s: float = 0.0, fast_reconcile: bool = False) -> ScenarioOptions:
+    extra: tuple[str, ...] = ()
+    if idle_grace_s > 0:
+        extra += ("--set", f"kubeletPlugin.idleInstances.gracePeriodSeconds={idle_grace_s:g}")
+    if fast_reconcile:
+        # Idle instances expire at the first reconcile pass after their grace period: a short interval
+        # lets the next round start on empty GPUs soon. Given to every install of a run that keeps
+        # idle instances, so the rows with and without reuse differ in nothing else.
+        extra += ("--set-json", 'kubeletPlugin.extraArgs=["--reconcile-interval=2"]')
     if mode == "controller":
-        return ScenarioOptions(webhook=True)
-    return ScenarioOptions(start_controller=False, extra_values=("--set", "allocationMode=scheduler"))
+        return ScenarioOptions(webhook=True, extra_values=extra)
+    return ScenarioOptions(start_controller=False, extra_values=("--set", "allocationMode=scheduler", *extra))
 
 
 def _ms(x: float) -> str:
@@ -70,6 +84,8 @@ def main() -> int:
     p.add_argument("--kinds", default=",".join(KINDS))
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--latency", default=",".join(LATENCIES))
+    p.add_argument("--idle-grace", default="0", help="idle-instance grace periods (s), one install each")
+    p.add_argument("--churn", action="store_true", help="add a churn round per GPU kind (see above)")
     args = p.parse_args()
     kinds = _list(args.kinds, KINDS, "--kinds")
     modes = _list(args.modes, MODES, "--modes")
@@ -78,6 +94,14 @@ def main() -> int:
         sizes = [int(x) for x in args.pods.split(",") if x]
     except ValueError:
         raise SystemExit(f"--pods: {args.pods!r} is not a comma-separated list of pod counts") from None
+    try:
+        graces = [float(x) for x in args.idle_grace.split(",") if x]
+    except ValueError:
+        raise SystemExit(
+            f"--idle-grace: {args.idle_grace!r} is not a comma-separated list of seconds"
+        ) from None
+    if not graces or min(graces) < 0 or max(graces) > 3600:
+        raise SystemExit("--idle-grace: each value 0..3600 seconds")
     slots = args.nodes * args.gpus_per_node * 7
     if not sizes or min(sizes) < 1 or max(sizes) > slots:
         raise SystemExit(f"--pods: each burst must be 1..{slots} (7 x 1g.10gb per GPU on these nodes)")
@@ -90,22 +114,27 @@ def main() -> int:
     print("[e2e-bench] control plane ...", file=sys.stderr)
     with ControlPlane(build_binaries()) as cp:
         round_no = 0
-        for mode in modes:
+        for mode, grace in [(m, g) for m in modes for g in graces]:
+            label = f"{mode}+idle{grace:g}s" if grace > 0 else mode
             print(
-                f"[e2e-bench] {mode} mode: {args.nodes} nodes x {args.gpus_per_node} H100-80GB",
+                f"[e2e-bench] {label}: {args.nodes} nodes x {args.gpus_per_node} H100-80GB",
                 file=sys.stderr,
             )
-            with Scenario(cp, nodes, _options(mode), release=f"flexmig-{mode[:5]}") as sc:
+            release = f"flexmig-{mode[:5]}" + (f"-i{round(grace)}" if grace > 0 else "")
+            options = _options(mode, grace, fast_reconcile=max(graces) > 0)
+            with Scenario(cp, nodes, options, release=release) as sc:
                 if mode == "controller":
                     sc.wait_webhook()
                 for latency in latencies:
                     set_latency(sc, latency == "realistic")
                     for size in sizes:
-                        for kind in kinds:
+                        for kind, churn in [(k, c) for k in kinds for c in (False, True)]:
                             if kind == "legacy" and mode == "scheduler":
                                 continue  # no webhook in scheduler mode: legacy limits are not served
+                            if churn and (not args.churn or kind == "nogpu"):
+                                continue
                             round_no += 1
-                            r = measure(sc, mode, kind, size, latency == "realistic", round_no)
+                            r = measure(sc, label, kind, size, latency == "realistic", round_no, churn)
                             results.append(r)
                             print(f"[e2e-bench] {time.monotonic() - t0:6.0f}s {_row(r)}", file=sys.stderr)
     print(
@@ -130,7 +159,11 @@ def main() -> int:
             top = sorted(r.nvml_calls.items(), key=lambda kv: -kv[1])[:5]
             per_pod = sum(r.nvml_calls.values()) / r.running
             detail = ", ".join(f"{f.removeprefix('nvml')} {n / r.running:.1f}" for f, n in top)
-            print(f"  {r.mode:10} {r.latency:9} {r.kind:6} {r.pods:5} pods: {per_pod:.1f} ({detail})")
+            creates = r.nvml_calls.get("nvmlDeviceCreateGpuInstanceWithPlacement", 0)
+            print(
+                f"  {r.mode:10} {r.latency:9} {r.kind:6} {r.pods:5} pods: {per_pod:.1f} ({detail});"
+                f" GPU instances created: {creates}"  # fewer than pods: idle instances reused
+            )
     incomplete = [r for r in results if r.running < r.pods]
     for r in incomplete:
         print(f"INCOMPLETE: {r.mode}/{r.latency}/{r.kind}/{r.pods}: {r.running} running", file=sys.stderr)

@@ -31,6 +31,9 @@ class Result:
     plugins_cpu_s: float  # all nodes' plugins together
     plugin_peak_rss_mib: float  # the largest plugin
     nvml_calls: dict[str, int]  # per function, all nodes, during the burst (prepares; no deletes yet)
+    # A churn round: the measured burst follows an unmeasured one of the same size in the same
+    # namespace, deleted just before (its MIG instances idle when the plugin keeps them).
+    churn: bool = False
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -65,15 +68,41 @@ def _pids(sc: Scenario) -> tuple[int | None, list[int]]:
     return ctl, plugins
 
 
-def measure(sc: Scenario, mode: str, kind: str, count: int, realistic: bool, round_no: int) -> Result:
+def _warm_burst(sc: Scenario, ns: str, kind: str, count: int) -> None:
+    """An unmeasured burst, Running, then deleted (pods and claims) until every pod is gone and no
+    GPU instance has a compute instance left: what churn leaves for the measured burst to reuse."""
+    timeline = Timeline(sc.api, ns).start()
+    try:
+        failed = create_burst(sc.api, ns, kind, count, {SCENARIO_LABEL: sc.suffix}, timeline, prefix="w-")
+        wait_for(lambda: timeline.running_count() >= count - len(failed), 60 + count * 0.5)
+    finally:
+        timeline.stop()
+    request(sc.api, "DELETE", f"/api/v1/namespaces/{ns}/pods")
+    request(sc.api, "DELETE", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims")
+
+    def released() -> bool:
+        pods: list[Any] = request(sc.api, "GET", f"/api/v1/namespaces/{ns}/pods").get("items", [])
+        return not pods and all(not gi[4] for n in sc.nodes.values() for gi in n.instances())
+
+    if not wait_for(released, 300, 0.5):
+        raise RuntimeError(f"churn round {ns}: pods or compute instances left after 300 s")
+
+
+def measure(
+    sc: Scenario, mode: str, kind: str, count: int, realistic: bool, round_no: int, churn: bool = False
+) -> Result:
     ns = sc.test_namespace(f"bench-{round_no}")
+    if churn:
+        _warm_burst(sc, ns, kind, count)
     timeline = Timeline(sc.api, ns).start()
     ctl_pid, plugin_pids = _pids(sc)
     ctl_before = usage(ctl_pid) if ctl_pid else None
     plugins_before = sum(usage(p).cpu_s for p in plugin_pids)
     calls_before = _nvml_calls(sc)
     try:
-        failed = create_burst(sc.api, ns, kind, count, {SCENARIO_LABEL: sc.suffix}, timeline)
+        failed = create_burst(
+            sc.api, ns, kind, count, {SCENARIO_LABEL: sc.suffix}, timeline, prefix="m-" if churn else ""
+        )
         expected = count - len(failed)
         wait_for(lambda: timeline.running_count() >= expected, 60 + count * 0.5)
     finally:
@@ -88,7 +117,7 @@ def measure(sc: Scenario, mode: str, kind: str, count: int, realistic: bool, rou
     stages = ("admission", "gate", "scheduling", "prepare", "total")
     result = Result(
         mode=mode,
-        kind=kind,
+        kind=f"{kind}/churn" if churn else kind,
         pods=count,
         latency="realistic" if realistic else "zero",
         running=len(running),
@@ -102,6 +131,7 @@ def measure(sc: Scenario, mode: str, kind: str, count: int, realistic: bool, rou
         nvml_calls={
             f: n - calls_before.get(f, 0) for f, n in calls_after.items() if n > calls_before.get(f, 0)
         },
+        churn=churn,
     )
     _clean(sc, ns)
     return result
@@ -109,7 +139,8 @@ def measure(sc: Scenario, mode: str, kind: str, count: int, realistic: bool, rou
 
 def _clean(sc: Scenario, ns: str) -> None:
     """Delete the round's namespace and wait until its pods are gone and every GPU instance with them,
-    so the next round starts on empty GPUs."""
+    so the next round starts on empty GPUs (idle instances, when kept, expire within the grace period
+    plus the plugin's reconcile interval)."""
     request(sc.api, "DELETE", f"/api/v1/namespaces/{ns}")
 
     def empty() -> bool:

@@ -63,12 +63,14 @@ def create_burst(
     node_selector: dict[str, str],
     timeline: Timeline,
     clients: int = 16,
+    prefix: str = "",
 ) -> list[str]:
-    """Create `count` pods of `kind` from `clients` concurrent clients; the names whose POST failed."""
+    """Create `count` pods of `kind` from `clients` concurrent clients; the names whose POST failed.
+    `prefix` starts every name (a second burst into the same namespace)."""
     failed: list[str] = []
 
     def one(i: int) -> None:
-        name = f"{kind}-{i:05d}"
+        name = f"{prefix}{kind}-{i:05d}"
         timeline.mark(name, "posted")
         try:
             if kind == "claim":

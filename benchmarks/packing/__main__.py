@@ -6,8 +6,8 @@ narrows the policies). Offline: GPUs used per order against the exact optimum (H
 Scale: decision latency and peak RSS at 1,000 and 5,000 nodes x 8 GPUs, one- and two-device pods.
 With `--hints exact,noisy` also flexmig with lifetime hints against none (hints.py); with
 `--priority-mix 0.1,0.25` flexmig with priority preemption off and on (priority.py); with
-`--movable-shares 0,0.25,0.5,1` flexmig moving movable pods to make room (moves.py). Prints Markdown
-tables.
+`--movable-shares 0,0.25,0.5,1` flexmig moving movable pods to make room (moves.py), beside the
+ceiling of each share (ceiling.py). Prints Markdown tables.
 """
 
 from __future__ import annotations
@@ -239,7 +239,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parts.append(
             f"### Movable share, flexmig ({args.seeds} seeds x {args.pods} pods, first 20 % skipped; a "
             "pod that fits nowhere gets room by moving movable pods, at most two, or is refused; moved "
-            "pods restart)\n\n" + moves.moves_table(args.seeds, args.pods, scenarios, loads, movable_shares)
+            "pods restart; the ceiling is the repacking bound in which only movable pods may move)\n\n"
+            + moves.moves_table(args.seeds, args.pods, scenarios, loads, movable_shares)
         )
     if "offline" not in skip:
         parts.append(

@@ -10,10 +10,11 @@ placements count. A moved pod restarts at once at its destination and runs its w
 `MIN_REMAINING` is not moved (the hints are exact here), and a pod is moved at most once per
 `WINDOW`. Not modelled: the per-node and cluster rate limits, eviction grace periods.
 
-Reported per scenario, load and share: pod and MiB-weighted acceptance beside the repacking bound in
-which every pod may move (online.py `run_bound`), refusals of the two largest sizes, and moves per
-100 accepted pods. Not computed: the ceiling in which only the movable pods may move (a bound that
-pins the others), so the 0-100 % shares are compared with the full bound only.
+Reported per scenario, load and share: pod and MiB-weighted acceptance beside the ceiling of that
+share (ceiling.py: the repacking bound in which only the movable pods may move, the same pods
+movable) and the repacking bound in which every pod may move (online.py `run_bound`), the gap to
+the ceiling in MiB-weighted points, refusals of the two largest sizes and of the largest alone
+(the ceiling's in brackets), and moves per 100 accepted pods.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from driver.policy.allocator import PackingPolicy
 from driver.policy.cluster import ClusterState
 from driver.policy.model import Choice, DeviceRequest, GpuState
 
+from .ceiling import run_ceiling
 from .online import MEAN_LIFETIME, Outcome, Pod, Scenario, build_cluster, generate, run_bound
 
 SHARES = (0.0, 0.25, 0.5, 1.0)
@@ -185,6 +187,10 @@ def run_moves(
     return out, sim.moves - moves_before
 
 
+def _refused(out: Outcome, sizes: Sequence[int]) -> float:
+    return 100 * sum(out.refused_by_size[s] for s in sizes) / max(1, sum(out.asked_by_size[s] for s in sizes))
+
+
 def moves_table(
     seeds: int,
     pods: int,
@@ -193,9 +199,10 @@ def moves_table(
     shares: Sequence[float] = SHARES,
 ) -> str:
     lines = [
-        "| scenario | load | movable | pods % | MiB % | bound pods % | bound MiB % | refused, largest two sizes % "
-        "| moves per 100 accepted |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| scenario | load | movable | pods % | MiB % | ceiling pods % | ceiling MiB % | MiB gap to ceiling, "
+        "pts | bound pods % | bound MiB % | refused, two largest sizes % (ceiling) | refused, largest "
+        "size % (ceiling) | moves per 100 accepted |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for scenario in scenarios:
         for load in loads:
@@ -204,19 +211,21 @@ def moves_table(
             for stream in streams:
                 bound.add(run_bound(scenario, stream))
             for share in shares:
-                total, moves = Outcome("moves"), 0
+                total, ceiling, moves = Outcome("moves"), Outcome("ceiling"), 0
                 for seed, stream in enumerate(streams):
                     got, made = run_moves(scenario, stream, share, seed)
                     total.add(got)
+                    ceiling.add(run_ceiling(scenario, stream, share, seed)[0])
                     moves += made
                 big = sorted(total.asked_by_size)[-2:]
-                refused = sum(total.refused_by_size[s] for s in big) / max(
-                    1, sum(total.asked_by_size[s] for s in big)
-                )
+                gap = 100 * (ceiling.weighted - total.weighted)
                 lines.append(
                     f"| {scenario.name} | {load} | {share:.0%} | {100 * total.acceptance:.1f} | "
-                    f"{100 * total.weighted:.1f} | {100 * bound.acceptance:.1f} | {100 * bound.weighted:.1f} | "
-                    f"{100 * refused:.1f} | {100 * moves / max(1, total.accepted):.1f} |"
+                    f"{100 * total.weighted:.1f} | {100 * ceiling.acceptance:.1f} | {100 * ceiling.weighted:.1f} | "
+                    f"{gap:.1f} | {100 * bound.acceptance:.1f} | {100 * bound.weighted:.1f} | "
+                    f"{_refused(total, big):.1f} ({_refused(ceiling, big):.1f}) | "
+                    f"{_refused(total, big[-1:]):.1f} ({_refused(ceiling, big[-1:]):.1f}) | "
+                    f"{100 * moves / max(1, total.accepted):.1f} |"
                 )
     return "\n".join(lines)
 

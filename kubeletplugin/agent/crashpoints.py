@@ -32,6 +32,7 @@ POINTS: dict[str, str] = {
     "before-checkpoint-commit": "immediately before the PrepareCompleted write",
     "after-checkpoint-commit": "PrepareCompleted written, claim status not yet written",
     "mid-destroy": "unprepare destroyed the compute instance, not yet the GPU instance",
+    "after-idle-ci-destroy": "unprepare destroyed the CI to keep the GI idle; the idle record not yet written",
     "before-checkpoint-remove": "unprepare destroyed everything, the checkpoint entry still exists",
 }
 

@@ -286,6 +286,7 @@ class NodeAgent:
             crash=crash,
             hami_core=hami_core,
             shared_split_count=cfg.node_config.device_split_count,
+            idle=cfg.idle,
             specs=host_spec_writer(
                 cdi_dir=cfg.cdi_dir,
                 dev_root=cfg.dev_root,

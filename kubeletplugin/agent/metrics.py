@@ -104,6 +104,20 @@ class NodeMetrics:
             ["action"],
             registry=self.registry,
         )
+        # Idle MIG instances kept for reuse (--idle-grace-period; kubeletplugin/prepare/idle.py).
+        self.idle_instances = Gauge(
+            "flexmig_node_idle_instances",
+            "GPU instances kept idle (no compute instance, no claim) for reuse by a claim of the same shape",
+            registry=self.registry,
+        )
+        self.idle_events = Counter(
+            "flexmig_node_idle_instance_events_total",
+            "What happened to idle GPU instances: kept (a claim ended), not_kept (a process still used"
+            " it), reused, expired (grace period over), displaced (a different layout needed its slices),"
+            " lost (gone from NVML at start)",
+            ["event"],
+            registry=self.registry,
+        )
         self.foreign_instances = Gauge(
             "flexmig_node_foreign_instances",
             "GPU instances on this node that flexmig did not create (left untouched), as last seen by"

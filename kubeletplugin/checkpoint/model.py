@@ -6,6 +6,11 @@ The file is
 
     {"version": 1, "bootID": "...", "checksum": "<sha256 hex>", "claims": {"<uid>": {...}}}
 
+or, while the node keeps idle MIG instances for reuse (`--idle-grace-period`), version 2 with one more
+key, `"idle": {"<gpu>-<gi id>": {...}}`. A file without idle records is still written as version 1, so
+a plugin that predates idle instances (a rollback of the DaemonSet) keeps reading it; version 1 is read
+as version 2 with no idle records (the migration: nothing else changed).
+
 `checksum` is the SHA-256 of the canonical JSON (sorted keys, no whitespace) of the object without the
 checksum field. A mismatch or an unknown version raises `CheckpointCorrupt` instead of starting empty:
 an empty checkpoint would make the plugin forget instances it created and then either leak them or,
@@ -23,7 +28,9 @@ from typing import Any
 
 from kubeletplugin.shared.capacity import SharedShare, shares_from_json, shares_to_json
 
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 1  # written while no instance is idle (the layout every version reads)
+CHECKPOINT_VERSION_IDLE = 2  # written while the node keeps idle instances (adds "idle")
+_READABLE_VERSIONS = (CHECKPOINT_VERSION, CHECKPOINT_VERSION_IDLE)
 
 
 class CheckpointCorrupt(Exception):
@@ -93,10 +100,45 @@ class ClaimCheckpoint:
         return next((d for d in self.devices if d.device_name == device_name), None)
 
 
+@dataclass(frozen=True, slots=True)
+class IdleInstance:
+    """A GPU instance flexmig created for a claim that has ended, kept (without a compute instance) so
+    that the next claim of the same profile at the same placement skips the GI create.
+
+    The record is what makes the GI ours: reconcile and the sweeper destroy it by `gi_id` checked
+    against profile and placement, exactly like a claim's device record. `released_at` is wall-clock
+    (epoch seconds), so the grace period survives a plugin restart. `namespace` is the previous claim's:
+    reuse across namespaces needs the administrator's opt-in (docs/kubelet-plugin.md, "Idle instances").
+    """
+
+    gpu_index: int
+    gpu_uuid: str
+    profile: str
+    gi_profile_id: int
+    placement_start: int
+    placement_size: int
+    gi_id: int
+    mig_uuid: str  # the ended claim's MIG device (its CI is gone); for logs and metrics only
+    released_at: float
+    namespace: str
+
+    @property
+    def key(self) -> str:
+        return idle_key(self.gpu_index, self.gi_id)
+
+    def overlaps(self, start: int, size: int) -> bool:
+        return self.placement_start < start + size and start < self.placement_start + self.placement_size
+
+
+def idle_key(gpu_index: int, gi_id: int) -> str:
+    return f"{gpu_index}-{gi_id}"
+
+
 @dataclass(slots=True)
 class Checkpoint:
     boot_id: str
     claims: dict[str, ClaimCheckpoint] = field(default_factory=dict)
+    idle: dict[str, IdleInstance] = field(default_factory=dict)  # idle_key -> record
 
 
 # --- (de)serialisation ---------------------------------------------------------------------------
@@ -199,6 +241,41 @@ def _claim_from_json(uid: str, raw: Any) -> ClaimCheckpoint:
     )
 
 
+_IDLE_FIELDS: tuple[tuple[str, str, tuple[type, ...]], ...] = (
+    ("gpu_index", "gpuIndex", (int,)),
+    ("gpu_uuid", "gpuUUID", (str,)),
+    ("profile", "profile", (str,)),
+    ("gi_profile_id", "giProfileID", (int,)),
+    ("placement_start", "placementStart", (int,)),
+    ("placement_size", "placementSize", (int,)),
+    ("gi_id", "giID", (int,)),
+    ("mig_uuid", "migUUID", (str,)),
+    ("released_at", "releasedAt", (int, float)),
+    ("namespace", "namespace", (str,)),
+)
+
+
+def _idle_to_json(i: IdleInstance) -> dict[str, Any]:
+    return {key: getattr(i, attr) for attr, key, _ in _IDLE_FIELDS}
+
+
+def _idle_from_json(key: str, raw: Any) -> IdleInstance:
+    where = f"idle instance {key}"
+    if not isinstance(raw, dict):
+        raise CheckpointCorrupt(f"{where}: must be an object")
+    kwargs: dict[str, Any] = {}
+    for attr, field_key, types in _IDLE_FIELDS:
+        value: Any = raw.get(field_key)
+        if not isinstance(value, types) or isinstance(value, bool):
+            raise CheckpointCorrupt(f"{where}: field {field_key!r} is missing or has the wrong type")
+        kwargs[attr] = value
+    kwargs["released_at"] = float(kwargs["released_at"])
+    idle = IdleInstance(**kwargs)
+    if idle.key != key:
+        raise CheckpointCorrupt(f"{where}: stored under a key that differs from its GPU and GI id")
+    return idle
+
+
 def _canonical(payload: Mapping[str, Any]) -> bytes:
     return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
@@ -210,27 +287,37 @@ def claim_entry(uid: str, c: ClaimCheckpoint) -> str:
     return f"{json.dumps(uid)}:{text}"
 
 
-def checkpoint_bytes(boot_id: str, entries: Mapping[str, str]) -> bytes:
+def checkpoint_bytes(
+    boot_id: str, entries: Mapping[str, str], idle: Mapping[str, IdleInstance] | None = None
+) -> bytes:
     """The file's bytes from each claim's `claim_entry` text (uid -> text).
 
     The same document as `checkpoint_to_json`, written in canonical form, so the checksum is taken
     over text that already exists instead of re-encoding every claim: a store writing the whole file
     for each batch of changes then pays per changed claim, not per claim. Top-level keys in sorted
-    order (bootID < checksum < claims < version), as `_canonical` orders them.
+    order (bootID < checksum < claims < idle < version), as `_canonical` orders them. Without idle
+    records the file is version 1, byte for byte what earlier versions wrote.
     """
     body = ",".join(entries[uid] for uid in sorted(entries))
     head = '{"bootID":' + json.dumps(boot_id)
-    tail = ',"claims":{' + body + '},"version":' + json.dumps(CHECKPOINT_VERSION) + "}"
+    tail = ',"claims":{' + body + "}"
+    if idle:
+        tail += ',"idle":' + json.dumps(
+            {k: _idle_to_json(v) for k, v in idle.items()}, sort_keys=True, separators=(",", ":")
+        )
+    tail += ',"version":' + json.dumps(CHECKPOINT_VERSION_IDLE if idle else CHECKPOINT_VERSION) + "}"
     checksum = hashlib.sha256((head + tail).encode()).hexdigest()
     return (head + ',"checksum":"' + checksum + '"' + tail + "\n").encode()
 
 
 def checkpoint_to_json(cp: Checkpoint) -> dict[str, Any]:
     payload: dict[str, Any] = {
-        "version": CHECKPOINT_VERSION,
+        "version": CHECKPOINT_VERSION_IDLE if cp.idle else CHECKPOINT_VERSION,
         "bootID": cp.boot_id,
         "claims": {uid: _claim_to_json(c) for uid, c in sorted(cp.claims.items())},
     }
+    if cp.idle:
+        payload["idle"] = {k: _idle_to_json(v) for k, v in sorted(cp.idle.items())}
     payload["checksum"] = hashlib.sha256(_canonical(payload)).hexdigest()
     return payload
 
@@ -240,10 +327,11 @@ def checkpoint_from_json(doc: Any, source: str = "checkpoint") -> Checkpoint:
     if not isinstance(doc, dict):
         raise CheckpointCorrupt(f"{source}: top level must be a JSON object")
     version = doc.get("version")
-    if version != CHECKPOINT_VERSION:
+    if version not in _READABLE_VERSIONS or isinstance(version, bool):
         raise CheckpointCorrupt(
-            f"{source}: unknown checkpoint version {version!r} (this plugin reads version"
-            f" {CHECKPOINT_VERSION}); refusing to guess which GPU instances it describes"
+            f"{source}: unknown checkpoint version {version!r} (this plugin reads versions"
+            f" {', '.join(map(str, _READABLE_VERSIONS))}); refusing to guess which GPU instances it"
+            " describes"
         )
     checksum = doc.get("checksum")
     payload = {k: v for k, v in doc.items() if k != "checksum"}
@@ -256,4 +344,12 @@ def checkpoint_from_json(doc: Any, source: str = "checkpoint") -> Checkpoint:
     boot_id, claims = doc.get("bootID"), doc.get("claims")
     if not isinstance(boot_id, str) or not isinstance(claims, dict):
         raise CheckpointCorrupt(f"{source}: 'bootID' must be a string and 'claims' an object")
-    return Checkpoint(boot_id=boot_id, claims={uid: _claim_from_json(uid, c) for uid, c in claims.items()})
+    # Version 1 has no idle records (migration: read as version 2 with none).
+    idle = doc.get("idle", {}) if version == CHECKPOINT_VERSION_IDLE else {}
+    if not isinstance(idle, dict):
+        raise CheckpointCorrupt(f"{source}: 'idle' must be an object")
+    return Checkpoint(
+        boot_id=boot_id,
+        claims={uid: _claim_from_json(uid, c) for uid, c in claims.items()},
+        idle={key: _idle_from_json(key, raw) for key, raw in idle.items()},
+    )

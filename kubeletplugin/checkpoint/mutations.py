@@ -9,10 +9,16 @@ Kept apart from the store so that the store is only about ordering and durabilit
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from kubeletplugin.checkpoint.model import Checkpoint, ClaimCheckpoint, ClaimState, PreparedDeviceRecord
+from kubeletplugin.checkpoint.model import (
+    Checkpoint,
+    ClaimCheckpoint,
+    ClaimState,
+    IdleInstance,
+    PreparedDeviceRecord,
+)
 
 _DEVICE_FIELDS = frozenset(f.name for f in dataclasses.fields(PreparedDeviceRecord))
 
@@ -76,6 +82,38 @@ def complete(uid: str, cdi_ids: Mapping[str, tuple[str, ...]]) -> Callable[[Chec
     return _done
 
 
+def put_claim_adopting(claim: ClaimCheckpoint, idle_keys: Collection[str]) -> Callable[[Checkpoint], None]:
+    """The claim's entry in, the idle records it adopts out, in one change: ownership of each GI moves
+    from the idle record to the claim atomically, so no crash leaves it with both or neither."""
+
+    def _put(cp: Checkpoint) -> None:
+        missing = [k for k in idle_keys if k not in cp.idle]
+        if missing:
+            raise KeyError(f"idle instances {missing} are no longer in the checkpoint")
+        for key in idle_keys:
+            del cp.idle[key]
+        cp.claims[claim.uid] = claim
+
+    return _put
+
+
+def keep_idle(uid: str, idle: Collection[IdleInstance]) -> Callable[[Checkpoint], None]:
+    """An unprepared claim's entry out, the GIs it leaves idle in, in one change (same reason)."""
+
+    def _keep(cp: Checkpoint) -> None:
+        require(cp, uid)
+        del cp.claims[uid]
+        for rec in idle:
+            cp.idle[rec.key] = rec
+
+    return _keep
+
+
+def remove_idle(keys: Collection[str]) -> Callable[[Checkpoint], int]:
+    """Idle records out (their GIs destroyed or gone); returns how many were there."""
+    return lambda cp: sum(cp.idle.pop(k, None) is not None for k in keys)
+
+
 def require(cp: Checkpoint, uid: str) -> ClaimCheckpoint:
     claim = cp.claims.get(uid)
     if claim is None:
@@ -83,4 +121,14 @@ def require(cp: Checkpoint, uid: str) -> ClaimCheckpoint:
     return claim
 
 
-__all__ = ["complete", "put_claim", "remove_claim", "require", "set_state", "update_device"]
+__all__ = [
+    "complete",
+    "keep_idle",
+    "put_claim",
+    "put_claim_adopting",
+    "remove_claim",
+    "remove_idle",
+    "require",
+    "set_state",
+    "update_device",
+]

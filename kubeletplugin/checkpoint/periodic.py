@@ -8,7 +8,9 @@ Each pass (every `--reconcile-interval`, default 60 s):
    unprepared: the instances flexmig created for it, its CDI spec, its entry. kubelet's later unprepare
    of that claim finds nothing and succeeds. When the API server cannot answer (any error: it may be
    restarting), the claim is kept: never destroy on uncertainty.
-3. Every GPU instance no checkpoint entry accounts for was created out of band. flexmig never touches
+3. Idle GIs (kubeletplugin/prepare/idle.py) whose grace period is over are destroyed, so an idle GI
+   lives at most `--idle-grace-period` plus one interval.
+4. Every GPU instance no checkpoint entry accounts for was created out of band. flexmig never touches
    it; the devices it overlaps are withdrawn from the published ResourceSlices (so no pod is allocated
    a device that cannot be prepared), logged and counted; when it disappears they are published again.
 
@@ -90,6 +92,10 @@ class PeriodicReconciler:
         for entry in list(self._store.load().claims.values()):
             self.beat()
             self._claim(entry, report)
+        try:
+            report.destroyed_instances += self._preparer.idle.sweep()
+        except Exception as exc:  # the claims and foreign-instance steps still run
+            report.errors.append(f"idle instances: {type(exc).__name__}: {exc}")
         self._find_foreign(report)
         if report.rolled_back or report.released or report.errors:
             log.info(
@@ -100,7 +106,7 @@ class PeriodicReconciler:
                 kept_uncertain=report.kept_uncertain,
                 errors=report.errors,
             )
-        if report.rolled_back or report.released:
+        if report.rolled_back or report.released or report.destroyed_instances:
             self._preparer.update_checkpoint_metrics()
         return report
 
@@ -171,7 +177,7 @@ class PeriodicReconciler:
                     for d in c.devices
                     # An admin record watches its holder's instance: it makes nothing "owned".
                     if d.gpu_index == gpu.index and d.gi_id is not None and not d.admin
-                }
+                } | self._preparer.idle.owned_gi_ids(gpu.index)
             found.update(ForeignInstance.of(gpu.index, gi) for gi in instances if gi.gi_id not in owned)
         report.foreign = sorted(found)
         with self._lock:

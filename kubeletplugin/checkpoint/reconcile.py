@@ -13,7 +13,9 @@
    plugin (or was created by us for a claim we already cleaned up and then re-created by someone
    else): it is logged and counted (`flexmig_node_orphan_instances_total{action="reported"}`), never
    destroyed (the periodic reconcile, kubeletplugin/checkpoint/periodic.py, withdraws the devices it overlaps).
-4. Hopper+ GPUs left in MIG mode without any instance are switched back off (not on hami-core
+4. Every idle GI record (kubeletplugin/prepare/idle.py) is kept while NVML shows that GI (any CI in
+   it is destroyed) and dropped otherwise; a kept idle GI is ours, never reported in step 3.
+5. Hopper+ GPUs left in MIG mode without any instance are switched back off (not on hami-core
    nodes: flexmig never changes MIG mode there, and their shared-GPU claims own no NVML object, so
    steps 1-2 only remove their CDI spec, cache dir and checkpoint entry).
 """
@@ -106,12 +108,14 @@ def reconcile(
                 except Exception as exc:  # metrics only: never fails the reconcile
                     log.warning("cannot read a pod for its metrics", pod=pod.name, error=str(exc))
 
+    preparer.idle.check_at_start(report.errors)
+    final = store.load()
     owned = {
         (d.gpu_index, d.gi_id)
-        for c in store.load().claims.values()
+        for c in final.claims.values()
         for d in c.devices
         if d.gi_id is not None and not d.admin  # an admin record watches an instance, owns none
-    }
+    } | {(i.gpu_index, i.gi_id) for i in final.idle.values()}
     for gpu in gpus:
         try:
             instances = ops.gpu_instances_or_none(gpu.index)

@@ -60,7 +60,7 @@ def read_boot_id(path: str | os.PathLike[str] = DEFAULT_BOOT_ID_PATH) -> str:
 
 def _copy(cp: Checkpoint) -> Checkpoint:
     # Claims are frozen dataclasses, so a new dict is a full copy as far as callers can mutate it.
-    return Checkpoint(boot_id=cp.boot_id, claims=dict(cp.claims))
+    return Checkpoint(boot_id=cp.boot_id, claims=dict(cp.claims), idle=dict(cp.idle))
 
 
 class _Write(Generic[_T]):
@@ -155,13 +155,15 @@ class CheckpointStore:
 
     def _apply(self, cp: Checkpoint, write: _Write[_T]) -> _T:
         """Run one mutation on `cp`; one that raises leaves `cp` as it was."""
-        before = dict(cp.claims)
+        before, idle_before = dict(cp.claims), dict(cp.idle)
         self._local.building = cp
         try:
             return write.mutate(cp)
         except BaseException:
             cp.claims.clear()
             cp.claims.update(before)
+            cp.idle.clear()
+            cp.idle.update(idle_before)
             raise
         finally:
             self._local.building = None
@@ -277,7 +279,7 @@ class CheckpointStore:
                 else:
                     base = cached
                 work = self._replay(base, batch, record=True)
-                if work.claims == base.claims:
+                if work.claims == base.claims and work.idle == base.idle:
                     durable, file_id = base, base_id  # nothing changed: nothing to make durable
                 else:
                     durable, file_id = work, self._file.write(work)
@@ -314,11 +316,13 @@ class CheckpointStore:
     def save(self, cp: Checkpoint) -> None:
         if cp.boot_id != self.boot_id:
             raise ValueError(f"checkpoint boot id {cp.boot_id!r} is not this boot's {self.boot_id!r}")
-        claims = dict(cp.claims)
+        claims, idle = dict(cp.claims), dict(cp.idle)
 
         def _replace(current: Checkpoint) -> None:
             current.claims.clear()
             current.claims.update(claims)
+            current.idle.clear()
+            current.idle.update(idle)
 
         self.update(_replace)
 

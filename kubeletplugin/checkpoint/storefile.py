@@ -97,6 +97,7 @@ class CheckpointFile:
                 checkpoint_boot_id=cp.boot_id,
                 current_boot_id=self.boot_id,
                 dropped_claims=sorted(cp.claims),
+                dropped_idle_instances=sorted(cp.idle),
             )
             return Checkpoint(boot_id=self.boot_id), file_id
         return cp, file_id
@@ -109,7 +110,7 @@ class CheckpointFile:
             encoded[uid] = (
                 cached if cached is not None and cached[0] is claim else (claim, claim_entry(uid, claim))
             )
-        data = checkpoint_bytes(cp.boot_id, {uid: text for uid, (_, text) in encoded.items()})
+        data = checkpoint_bytes(cp.boot_id, {uid: text for uid, (_, text) in encoded.items()}, cp.idle)
         # The temp name is the one `_remove_stale_temps` looks for.
         write_atomically(self.path, data, durable=True, prefix=self._temp_prefix(), suffix=".tmp")
         self._encoded = encoded

@@ -63,6 +63,10 @@ class NvmlOps:
     def destroy_compute_instance(self, index: int, gi_id: int, ci_id: int) -> None:
         self._counted(lambda: self.nvml.destroy_compute_instance(index, gi_id, ci_id))
 
+    def running_processes(self, index: int, gi_id: int, ci_id: int) -> int:
+        """Compute processes on the MIG device of (GI, CI) (nvmlDeviceGetComputeRunningProcesses)."""
+        return self._counted(lambda: self.nvml.running_process_count(index, gi_id, ci_id))
+
     def mig_uuid(self, index: int, gi_id: int, ci_id: int) -> str:
         return self._counted(lambda: self.nvml.mig_uuid(index, gi_id, ci_id))
 

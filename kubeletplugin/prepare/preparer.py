@@ -32,7 +32,8 @@ calls), each GPU admits one claim at a time and only for its NVML work, and the 
 all claims in flight share fsyncs (checkpoint's group commit). One claim's failure never fails
 another. Unprepare destroys CI then GI (gone = success, IN_USE = the claim's error so kubelet
 retries), removes the CDI spec and the checkpoint entry (durably, under the GPU locks: until it is
-gone the entry keeps the placement from another claim); an unknown claim succeeds.
+gone the entry keeps the placement from another claim); an unknown claim succeeds. With
+`--idle-grace-period` its GIs may be kept idle instead (kubeletplugin/prepare/idle.py).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from kubernetes.client.exceptions import ApiException
 from driver.nvml.types import NvmlError
 from kubeletplugin.agent.crashpoints import Crashpoints
 from kubeletplugin.agent.metrics import NodeMetrics, SharedGpuUsage
+from kubeletplugin.checkpoint import mutations
 from kubeletplugin.checkpoint.model import ClaimCheckpoint, ClaimState, PreparedDeviceRecord
 from kubeletplugin.checkpoint.store import CheckpointStore, Pending
 from kubeletplugin.grpcserver import ClaimRef, PreparedDevice, PrepareResult
@@ -60,6 +62,7 @@ from kubeletplugin.kube.statuswriter import StatusWriter
 from kubeletplugin.prepare.cdiwriter import ClaimSpecWriter
 from kubeletplugin.prepare.claimlocks import ClaimLocks
 from kubeletplugin.prepare.claimrecords import UnknownDevices, records_for
+from kubeletplugin.prepare.idle import IdleInstances
 from kubeletplugin.prepare.migmode import MigModeError, MigModeManager
 from kubeletplugin.prepare.nvmlops import NvmlOps
 from kubeletplugin.prepare.overlap import DeviceOverlap, check_no_overlap
@@ -71,6 +74,7 @@ from kubeletplugin.prepare.steps import (
     check_placement_free,
 )
 from kubeletplugin.publish.inventory import Inventory
+from kubeletplugin.settings.idlepolicy import IdlePolicy
 from kubeletplugin.shared.hamicore import HamiCoreSupport
 from kubeletplugin.shared.prepare import shared_usage
 
@@ -108,6 +112,7 @@ class Preparer:
         hami_core: HamiCoreSupport | None = None,
         shared_split_count: int | None = None,
         specs: ClaimSpecWriter | None = None,
+        idle: IdlePolicy | None = None,
     ) -> None:
         self._node = node_name
         self._ops = ops
@@ -132,6 +137,17 @@ class Preparer:
             shared_split_count=shared_split_count,
         )
         self.locks = ClaimLocks()
+        self.idle = IdleInstances(
+            policy=idle or IdlePolicy(),
+            ops=ops,
+            store=store,
+            migmode=migmode,
+            status=status,
+            metrics=metrics,
+            cdi_dir=cdi_dir,
+            crash=crash,
+            locks=self.locks,
+        )
         self._metrics_lock = threading.Lock()
         self._published_counts: dict[str, int] | None = None
         self._published_usage: list[SharedGpuUsage] | None = None
@@ -250,6 +266,10 @@ class Preparer:
             self.rollback(existing)
             checkpoint = self._store.load()
         check_no_overlap(ref.uid, records, checkpoint.claims.values(), self._realiser.shared_limits(records))
+        # Idle GIs are never a conflict: one of exactly a record's shape is adopted, one in the way is
+        # destroyed now (kubeletplugin/prepare/idle.py).
+        plan = self.idle.plan(view.namespace, records)
+        records = plan.records
         owners = {
             (d.gpu_index, d.gi_id): c.uid
             for c in checkpoint.claims.values()
@@ -257,12 +277,13 @@ class Preparer:
             if d.gi_id is not None and not d.admin
         }
         for rec in records:
-            if rec.is_mig and not rec.admin:  # an admin record needs the instance, not a free placement
+            # An admin record needs the instance, not a free placement; an adopted one holds its GI.
+            if rec.is_mig and not rec.admin and rec.gi_id is None:
                 check_placement_free(self._ops, rec, owners)
         started = ClaimCheckpoint(
             ref.uid, view.namespace, view.name, ClaimState.PREPARE_STARTED, tuple(records)
         )
-        return started, self._store.begin_put(started)
+        return started, self._store.begin(mutations.put_claim_adopting(started, plan.adopted))
 
     def _realise(self, started: ClaimCheckpoint) -> RealisedClaim:
         """Under the GPU locks, with the intent durable: MIG mode, instances; rolled back on failure."""
@@ -353,14 +374,17 @@ class Preparer:
             entry = self._store.get_claim(ref.uid)
             if entry is None:
                 return
-            self.rollback(entry)
+            if not self.idle.keep(entry):  # kept idle (its CI destroyed), else destroyed whole
+                self.rollback(entry)
         log.info("claim unprepared", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid)
 
     def update_checkpoint_metrics(self) -> None:
         # Runs after every call; the gauges are replaced only when their values changed (replacing
         # them is most of the cost), and under a lock so an older state never overwrites a newer one.
         with self._metrics_lock:
-            claims = list(self._store.load().claims.values())
+            checkpoint = self._store.load()
+            claims = list(checkpoint.claims.values())
+            self._metrics.idle_instances.set(len(checkpoint.idle))
             by_state = collections.Counter(c.state for c in claims)
             counts = {s.value: by_state[s] for s in ClaimState}
             usage = shared_usage(claims)

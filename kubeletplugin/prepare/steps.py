@@ -121,6 +121,8 @@ def realise_mig(
     `record(gi_id=...)` and `record(ci_id=...)` run as soon as NVML returned each id.
     """
     assert rec.gi_profile_id is not None and rec.placement_start is not None
+    if rec.gi_id is not None:
+        return _realise_adopted(ops, rec, crash, record)
     gi = ops.create_gpu_instance(rec.gpu_index, rec.gi_profile_id, rec.placement_start)
     if gi.placement.start != rec.placement_start or gi.placement.size != rec.placement_size:
         # NVML placed it elsewhere: not what was allocated, so it must not be used. It is ours (NVML
@@ -134,6 +136,30 @@ def realise_mig(
     if record is not None:
         record(gi_id=gi.gi_id)
     crash.reach("after-gi-create")
+    ci = ops.create_compute_instance(rec.gpu_index, gi.gi_id)
+    if record is not None:
+        record(ci_id=ci.ci_id)
+    crash.reach("after-ci-create")
+    return RealisedMig(gi.gi_id, ci.ci_id, ops.mig_uuid(rec.gpu_index, gi.gi_id, ci.ci_id))
+
+
+def _realise_adopted(
+    ops: NvmlOps, rec: PreparedDeviceRecord, crash: Crashpoints, record: RecordIds | None
+) -> RealisedMig:
+    """A fresh CI in the idle GI the claim adopted (kubeletplugin/prepare/idle.py): the GI id is in the
+    durable intent already, so only the CI id is recorded. An idle GI has no CI (unprepare destroyed
+    it before recording the GI idle, and the startup reconcile clears any a crash left), so the new
+    CI is the only one: no process of the previous claim can reach it."""
+    gi = find_gi(ops, rec, by_placement=False)
+    if gi is None:
+        # Destroyed out of band while idle: fail, and the retry (the idle record gone with this
+        # entry's rollback) creates a fresh GI.
+        raise NvmlError(
+            "adopt idle GPU instance",
+            NvmlErrorCode.NOT_FOUND,
+            f"idle GI {rec.gi_id} at placement {rec.placement_start}:{rec.placement_size} of GPU"
+            f" {rec.gpu_index} is gone",
+        )
     ci = ops.create_compute_instance(rec.gpu_index, gi.gi_id)
     if record is not None:
         record(ci_id=ci.ci_id)
@@ -179,9 +205,9 @@ def destroy_mig(
     if rec.ci_id is not None:
         # The usual case: one CI we recorded. Destroying it by id saves enumerating every CI
         # profile of the GI (a dozen NVML calls); anything else found in our GI is handled below.
-        _destroy_ci(ops, rec.gpu_index, gi.gi_id, rec.ci_id)
+        destroy_ci(ops, rec.gpu_index, gi.gi_id, rec.ci_id)
     else:
-        _destroy_all_cis(ops, rec.gpu_index, gi.gi_id)
+        destroy_all_cis(ops, rec.gpu_index, gi.gi_id)
     crash.reach("mid-destroy")
     try:
         ops.destroy_gpu_instance(rec.gpu_index, gi.gi_id)
@@ -192,7 +218,7 @@ def destroy_mig(
             raise
         # A CI we did not record (created inside our GI by someone else) keeps the GI busy; the GI
         # is ours, so everything in it goes. A process still running keeps it IN_USE, as it should.
-        _destroy_all_cis(ops, rec.gpu_index, gi.gi_id)
+        destroy_all_cis(ops, rec.gpu_index, gi.gi_id)
         try:
             ops.destroy_gpu_instance(rec.gpu_index, gi.gi_id)
         except NvmlError as again:
@@ -201,7 +227,7 @@ def destroy_mig(
     return True
 
 
-def _destroy_ci(ops: NvmlOps, index: int, gi_id: int, ci_id: int) -> None:
+def destroy_ci(ops: NvmlOps, index: int, gi_id: int, ci_id: int) -> None:
     try:
         ops.destroy_compute_instance(index, gi_id, ci_id)
     except NvmlError as exc:
@@ -209,7 +235,7 @@ def _destroy_ci(ops: NvmlOps, index: int, gi_id: int, ci_id: int) -> None:
             raise
 
 
-def _destroy_all_cis(ops: NvmlOps, index: int, gi_id: int) -> None:
+def destroy_all_cis(ops: NvmlOps, index: int, gi_id: int) -> None:
     try:
         cis = ops.compute_instances(index, gi_id)
     except NvmlError as exc:
@@ -217,4 +243,4 @@ def _destroy_all_cis(ops: NvmlOps, index: int, gi_id: int) -> None:
             raise
         return
     for ci in cis:
-        _destroy_ci(ops, index, gi_id, ci.ci_id)
+        destroy_ci(ops, index, gi_id, ci.ci_id)

@@ -14,7 +14,7 @@ import argparse
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ from kubeletplugin.settings.flags import (  # re-exported: callers take flags an
     add_flags,
     raw_value,
 )
+from kubeletplugin.settings.idlepolicy import IdlePolicy, idle_policy
 from kubeletplugin.settings.nodeconfig import (
     NodeConfig,
     NodeConfigError,
@@ -64,6 +65,7 @@ class PluginConfig:
     metrics_address: str
     metrics_port: int | None  # None: no metrics server
     reconcile_interval_s: float = 60.0
+    idle: IdlePolicy = field(default_factory=IdlePolicy)  # off unless --idle-grace-period
     hami_core_library: Path = Path(DEFAULT_HAMI_CORE_LIBRARY)
     hami_core_dir: Path = Path(DEFAULT_HAMI_CORE_DIR)
     unenforced_shares: UnenforcedShares = UnenforcedShares.REFUSE
@@ -353,6 +355,12 @@ def load_config(args: argparse.Namespace, env: Mapping[str, str] | None = None) 
         metrics_address=raw["metrics-address"],
         metrics_port=_metrics_port(by_name["metrics-port"], raw["metrics-port"]),
         reconcile_interval_s=_reconcile_interval(by_name["reconcile-interval"], raw["reconcile-interval"]),
+        idle=idle_policy(
+            by_name["idle-grace-period"],
+            raw["idle-grace-period"],
+            by_name["idle-reuse-across-namespaces"],
+            raw["idle-reuse-across-namespaces"],
+        ),
         hami_core_library=files["hami-core-library"],
         hami_core_dir=dirs["hami-core-dir"],
         unenforced_shares=unenforced,

@@ -138,6 +138,20 @@ FLAGS: tuple[Flag, ...] = (
         "seconds between periodic reconcile passes (claims gone from the API server, stale prepares,"
         " instances flexmig did not create); 1..86400",
     ),
+    Flag(
+        "idle-grace-period",
+        ("FLEXMIG_IDLE_GRACE_PERIOD",),
+        "0",
+        "seconds a MIG GPU instance is kept idle after its claim ends, for reuse by a claim of the same"
+        " profile and placement; 0 = off (destroy at unprepare); 0..3600",
+    ),
+    Flag(
+        "idle-reuse-across-namespaces",
+        ("FLEXMIG_IDLE_REUSE_ACROSS_NAMESPACES",),
+        "false",
+        "let a claim reuse an idle instance another namespace's claim left (GPU memory is not"
+        " guaranteed scrubbed); true/false",
+    ),
     Flag("metrics-address", ("FLEXMIG_METRICS_ADDRESS",), "0.0.0.0", "metrics/healthz bind address"),
     Flag(
         "metrics-port",

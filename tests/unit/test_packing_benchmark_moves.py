@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from benchmarks.packing import moves, online
+from benchmarks.packing import ceiling, moves, online
 from driver.policy.allocator import PackingPolicy
 
 
@@ -44,3 +44,33 @@ def test_the_table_has_a_row_per_share() -> None:
     text = moves.moves_table(1, 80, [online.SCENARIOS[0]], [0.9], [0.0, 0.5])
     rows = [line for line in text.splitlines() if line.startswith("| single-8")]
     assert [r.split(" | ")[2] for r in rows] == ["0%", "50%"]
+
+
+def test_the_ceiling_uses_the_movable_pods_of_the_moves_run() -> None:
+    scenario = online.SCENARIOS[0]
+    stream = online.generate(scenario, 0.9, 120, 2)
+    sim = moves.MoveSim(scenario, 0.5, 2)
+    drawn = {}
+    for pod in stream:
+        sim.drain(pod.arrival)
+        sim.admit(pod, pod.arrival)
+        if pod.name in sim.running:
+            drawn[pod.name] = sim.running[pod.name].movable
+    flags = ceiling.movable_flags(stream, 0.5, 2)
+    assert drawn and all(flags[name] == movable for name, movable in drawn.items())
+    assert 0 < sum(flags.values()) < len(flags)
+
+
+def test_the_ceiling_is_the_full_bound_with_all_movable_and_flexmig_with_none() -> None:
+    scenario = online.SCENARIOS[-1]  # mixed models: groups of several catalogs
+    stream = online.generate(scenario, 0.9, 200, 1)
+    bound = online.run_bound(scenario, stream)
+    every, _ = ceiling.run_ceiling(scenario, stream, 1.0, 1)
+    assert (every.accepted, every.mib_accepted) == (bound.accepted, bound.mib_accepted)
+    # flexmig's policy finds a legal placement whenever one exists, so with nothing movable the
+    # ceiling (which pins pods where the policy puts them) accepts exactly what flexmig does.
+    plain = online.run_policy(PackingPolicy(), scenario, stream)
+    none, _ = ceiling.run_ceiling(scenario, stream, 0.0, 1)
+    assert (none.accepted, none.mib_accepted) == (plain.accepted, plain.mib_accepted)
+    half, _ = ceiling.run_ceiling(scenario, stream, 0.5, 1)
+    assert plain.mib_accepted <= half.mib_accepted <= bound.mib_accepted

@@ -28,6 +28,7 @@ from kubeletplugin.prepare.migmode import MigModeManager
 from kubeletplugin.prepare.nvmlops import NvmlOps
 from kubeletplugin.prepare.preparer import Preparer
 from kubeletplugin.publish.inventory import Inventory
+from kubeletplugin.settings.idlepolicy import IdlePolicy
 from kubeletplugin.shared.hamicore import HamiCoreSupport
 
 MIG_MUTATIONS = ("nvmlDeviceSetMigMode", "nvmlDeviceCreateGpuInstanceWithPlacement", "nvmlGpuInstanceDestroy")
@@ -114,10 +115,11 @@ def make_node(
     ops_factory: Callable[[Nvml, NodeMetrics], NvmlOps] = NvmlOps,
     memory: bool = False,
     crash: frozenset[str] = frozenset(),
+    idle: IdlePolicy | None = None,
 ) -> SimNode:
     """A node of simulated `specs`; with HAMi-core support unless `hami_library` is None, the library
     file present when it is True; on the in-memory simulator when `memory`; the preparer crashing at
-    `crash` points. A node made again in the same `tmp_path` (a restart) finds the GPUs, checkpoint
+    `crash` points, keeping idle instances per `idle`. A node made again in the same `tmp_path` (a restart) finds the GPUs, checkpoint
     and CDI specs the last one left. The caller closes `preparer`."""
     state = tmp_path / "sim.json"
     if not state.exists():
@@ -151,6 +153,7 @@ def make_node(
         crash=Crashpoints(crash, tmp_path / "marker"),
         hami_core=hami,
         shared_split_count=split_count,
+        idle=idle,
     )
     return SimNode(
         nvml,

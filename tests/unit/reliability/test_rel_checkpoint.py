@@ -17,6 +17,7 @@ from sim_node import make_node
 from api.constants import DRIVER_NAME
 from driver.nvml.sim import SimAdmin, SimGpuSpec
 from kubeletplugin.agent.main import NodeAgent
+from kubeletplugin.checkpoint.model import CHECKPOINT_VERSION_IDLE
 from kubeletplugin.grpcserver import ClaimRef
 from kubeletplugin.kube.kubeapi import AllocatedDevice, ClaimView, PodRef
 from kubeletplugin.settings.config import add_flags, load_config
@@ -49,7 +50,7 @@ def _edit_gi_id(text: str) -> str:
 
 def _newer(text: str) -> str:
     doc = json.loads(text)
-    doc["version"] = 2
+    doc["version"] = CHECKPOINT_VERSION_IDLE + 1  # written by a plugin newer than any this one reads
     return json.dumps(doc)
 
 
@@ -59,7 +60,7 @@ def _newer(text: str) -> str:
         (lambda _t: "\x00\x17garbage", "not valid JSON"),
         (_truncate, "not valid JSON"),
         (_edit_gi_id, "checksum mismatch"),
-        (_newer, "unknown checkpoint version 2"),
+        (_newer, f"unknown checkpoint version {CHECKPOINT_VERSION_IDLE + 1}"),
     ],
     ids=["k12-garbage", "k13-truncated", "k14-edited", "k15-newer-version"],
 )
