@@ -14,7 +14,7 @@ per-card placement (its pull request 2855) keeps this node and GPU walk: driver/
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from driver.catalog.types import MigProfile
 from driver.placement.occupancy import Occupancy
@@ -49,19 +49,29 @@ def busiest_gpus(gpus: list[GpuState]) -> list[GpuState]:
     return sorted(free, key=lambda g: (-used_share(g.occupancy), g.ref.gpu_index))
 
 
+def place_busiest_node_first(
+    cluster: ClusterState,
+    requests: Sequence[DeviceRequest],
+    on_node: Callable[[list[GpuState], Sequence[DeviceRequest]], tuple[Choice, ...] | None],
+) -> Placement:
+    """HAMi's walk, kept by every HAMi version: the first node, most used first, on which `on_node`
+    places every request of the pod."""
+    if not requests:
+        return Placement(())
+    for node in busiest_nodes(cluster):
+        found = on_node(cluster.node_gpus(node), requests)
+        if found is not None:
+            return Placement(found)
+    return explain_failure(cluster, requests)
+
+
 class HamiPolicy:
     """HAMi v2.10's heuristic on flexmig's cluster state (reference only)."""
 
     name = "hami"
 
     def place(self, cluster: ClusterState, requests: Sequence[DeviceRequest]) -> Placement:
-        if not requests:
-            return Placement(())
-        for node in busiest_nodes(cluster):
-            found = self._on_node(cluster.node_gpus(node), requests)
-            if found is not None:
-                return Placement(found)
-        return explain_failure(cluster, requests)
+        return place_busiest_node_first(cluster, requests, self._on_node)
 
     @staticmethod
     def _on_node(gpus: list[GpuState], requests: Sequence[DeviceRequest]) -> tuple[Choice, ...] | None:

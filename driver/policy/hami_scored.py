@@ -22,8 +22,8 @@ from collections.abc import Sequence
 
 from driver.catalog.types import MigProfile
 from driver.policy.cluster import ClusterState
-from driver.policy.explain import explain_failure, profiles_for, serves
-from driver.policy.hami import busiest_gpus, busiest_nodes
+from driver.policy.explain import profiles_for, serves
+from driver.policy.hami import busiest_gpus, place_busiest_node_first
 from driver.policy.hami_card import SEARCH_BUDGET, CardSearch, card_layout, place_on_card, rank
 from driver.policy.model import Choice, DeviceRequest, GpuRef, GpuState, Placement
 
@@ -43,13 +43,7 @@ class HamiScoredPolicy:
         self.last_search: CardSearch | None = None  # the latest joint search (tests read its tries)
 
     def place(self, cluster: ClusterState, requests: Sequence[DeviceRequest]) -> Placement:
-        if not requests:
-            return Placement(())
-        for node in busiest_nodes(cluster):
-            found = self._on_node(cluster.node_gpus(node), requests)
-            if found is not None:
-                return Placement(found)
-        return explain_failure(cluster, requests)
+        return place_busiest_node_first(cluster, requests, self._on_node)
 
     def _on_node(self, gpus: list[GpuState], requests: Sequence[DeviceRequest]) -> tuple[Choice, ...] | None:
         ordered = busiest_gpus(gpus)

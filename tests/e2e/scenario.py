@@ -32,7 +32,7 @@ import os
 import shutil
 import sys
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -394,3 +394,19 @@ class Scenario:
             request(self.api, "GET", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{n}")
             for n in names
         ]
+
+
+def run_for_module(
+    s: Scenario, request: Any, ready: Callable[[Scenario], None] = lambda _s: None
+) -> Iterator[Scenario]:
+    """A module fixture's body: start `s` (then `ready(s)`), yield it, stop it. A failed start, or any
+    test of the module that failed meanwhile, keeps the node dirs for a look afterwards."""
+    try:
+        s.start()
+        ready(s)
+    except BaseException:
+        s.stop(failed=True)
+        raise
+    failed_before = request.session.testsfailed
+    yield s
+    s.stop(failed=request.session.testsfailed > failed_before)

@@ -21,7 +21,7 @@ from controller.kube.rest import request as send
 
 from .cluster import ControlPlane, wait_until
 from .objects import claim_body, pod_body
-from .scenario import SCENARIO_LABEL, NodeSpec, Scenario, ScenarioOptions
+from .scenario import SCENARIO_LABEL, NodeSpec, Scenario, ScenarioOptions, run_for_module
 
 pytestmark = pytest.mark.e2e
 MIG_CLASS = f"mig.{DRIVER_NAME}"
@@ -36,14 +36,7 @@ def sc(control_plane: ControlPlane, request: pytest.FixtureRequest) -> Iterator[
         [NodeSpec("mv-a100", ("A100-40GB", "A100-40GB"))],
         ScenarioOptions(controller_args=("--moves=true",)),
     )
-    try:
-        s.start()
-    except BaseException:
-        s.stop(failed=True)
-        raise
-    failed_before = request.session.testsfailed
-    yield s
-    s.stop(failed=request.session.testsfailed > failed_before)
+    yield from run_for_module(s, request)
 
 
 def _template(sc: Scenario, ns: str, name: str, selectors: list[str]) -> None:

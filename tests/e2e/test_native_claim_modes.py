@@ -26,7 +26,7 @@ from driver.cdi import spec_file_name
 
 from .cluster import ControlPlane, wait_until
 from .objects import pod_body
-from .scenario import SCENARIO_LABEL, NodeSpec, Scenario, SimNode
+from .scenario import SCENARIO_LABEL, NodeSpec, Scenario, SimNode, run_for_module
 
 MIG_CLASS = "mig.gpu.flexmig.dev"
 HAMI_CLASS = "hami-core.gpu.flexmig.dev"
@@ -41,14 +41,7 @@ def sc(control_plane: ControlPlane, request: pytest.FixtureRequest) -> Iterator[
         NodeSpec("ncm-hami", ("A100-40GB",), mode="hami-core", hami_core_library=True),
     ]
     s = Scenario(control_plane, nodes)
-    try:
-        s.start()
-    except BaseException:
-        s.stop(failed=True)
-        raise
-    failed_before = request.session.testsfailed
-    yield s
-    s.stop(failed=request.session.testsfailed > failed_before)
+    yield from run_for_module(s, request)
 
 
 def _node(sc: Scenario, mode: str) -> SimNode:

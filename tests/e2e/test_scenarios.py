@@ -33,7 +33,7 @@ from .cluster import ControlPlane, wait_until
 from .kubelet_pods import FAILED_PREPARE, PREPARED_CONDITION
 from .objects import claim_body, pod_body
 from .plugin_harness import metric_samples, wait_slices
-from .scenario import SCENARIO_LABEL, NodeSpec, Scenario, SimNode
+from .scenario import SCENARIO_LABEL, NodeSpec, Scenario, SimNode, run_for_module
 
 pytestmark = pytest.mark.e2e
 MIG_CLASS = f"mig.{DRIVER_NAME}"
@@ -46,14 +46,7 @@ COMPONENT = "app.kubernetes.io/component"
 def sc(control_plane: ControlPlane, request: pytest.FixtureRequest) -> Iterator[Scenario]:
     nodes = [NodeSpec("scn-a100", ("A100-40GB",) * 2), NodeSpec("scn-h100", ("H100-80GB",) * 2)]
     s = Scenario(control_plane, nodes)
-    try:
-        s.start()
-    except BaseException:
-        s.stop(failed=True)
-        raise
-    failed_before = request.session.testsfailed
-    yield s
-    s.stop(failed=request.session.testsfailed > failed_before)
+    yield from run_for_module(s, request)
 
 
 def node_of(sc: Scenario, sku: str) -> SimNode:

@@ -33,7 +33,7 @@ from driver.migannotation import decode_mig_allocations
 from .cluster import ControlPlane, wait_until
 from .objects import UNPULLABLE_IMAGE
 from .plugin_harness import metric_samples
-from .scenario import SCENARIO_LABEL, NodeSpec, Scenario, ScenarioOptions, SimNode
+from .scenario import SCENARIO_LABEL, NodeSpec, Scenario, ScenarioOptions, SimNode, run_for_module
 
 pytestmark = pytest.mark.e2e
 NODE_INFO = "hami_mig_device_info"
@@ -52,15 +52,7 @@ def sc(control_plane: ControlPlane, request: pytest.FixtureRequest) -> Iterator[
         NodeSpec("shim-hami", ("A100-40GB",) * 2, mode="hami-core", hami_core_library=True),
     ]
     s = Scenario(control_plane, nodes, ScenarioOptions(webhook=True))
-    try:
-        s.start()
-        s.wait_webhook()
-    except BaseException:
-        s.stop(failed=True)
-        raise
-    failed_before = request.session.testsfailed
-    yield s
-    s.stop(failed=request.session.testsfailed > failed_before)
+    yield from run_for_module(s, request, ready=lambda sc: sc.wait_webhook())
 
 
 def node(sc: Scenario, mode: str) -> SimNode:
