@@ -23,7 +23,8 @@ from typing import Any
 
 from api.constants import ALLOCATION_GATE
 from controller.kube.podview import PROJECTIONS, Projection
-from controller.kube.watchcache import Event, Reflector, Store
+from controller.kube.store import Event, Store
+from controller.kube.watchcache import Reflector
 
 Obj = dict[str, Any]
 # The controller's 1 Gi memory limit (deployments/helm/flexmig/values.yaml) and the target of issue 21.

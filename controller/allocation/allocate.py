@@ -41,7 +41,8 @@ from controller.claims.podclaims import (
 )
 from controller.claims.requests import CandidateIndex
 from controller.kube.outcome import Outcome, write_outcome
-from controller.kube.watchcache import WatchCache, object_key, resource_version
+from controller.kube.store import object_key, resource_version
+from controller.kube.watchcache import WatchCache
 from controller.kube.writer import Writer, is_conflict, is_not_found
 from controller.runtime.metrics import ControllerMetrics
 from controller.state.ledger import Held, Ledger, claim_holdings

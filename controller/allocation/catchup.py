@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import structlog
 
-from controller.kube.watchcache import Event, WatchCache
+from controller.kube.store import Event
+from controller.kube.watchcache import WatchCache
 from controller.runtime.metrics import ControllerMetrics
 
 log = structlog.get_logger(__name__)

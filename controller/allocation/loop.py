@@ -71,7 +71,8 @@ from controller.allocation.uncertain import UncertainClaims
 from controller.claims.cel import CelEnvironment
 from controller.claims.podclaims import LiveRefs, is_gated, is_terminal, referenced_claims
 from controller.claims.requests import CandidateIndex
-from controller.kube.watchcache import Event, WatchCache, resource_version
+from controller.kube.store import Event, resource_version
+from controller.kube.watchcache import WatchCache
 from controller.kube.writer import CONDITION_TYPE, NotLeader, Writer, is_conflict, is_not_found
 from controller.runtime.metrics import ControllerMetrics, Snapshot, instance_rows
 from controller.state.inventory import Inventory

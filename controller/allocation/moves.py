@@ -49,7 +49,7 @@ from controller.allocation.moveplan import MAX_MOVES, Destination, MovePlan, pla
 from controller.allocation.nominate import VICTIM_WAIT_S, Nomination, Nominations
 from controller.allocation.preemptpods import Candidate, candidates_by_node
 from controller.allocation.reserve import hold_cover
-from controller.kube.watchcache import object_key
+from controller.kube.store import object_key
 from controller.state.ledger import Held, Ledger
 from driver.policy.model import EndHint
 

@@ -37,7 +37,8 @@ from controller.allocation.preemptpods import Candidate, candidates_by_node, may
 from controller.allocation.preemptsearch import VictimSet, victim_sets
 from controller.claims.requests import CandidateIndex
 from controller.kube.outcome import Outcome, write_outcome
-from controller.kube.watchcache import WatchCache, object_key
+from controller.kube.store import object_key
+from controller.kube.watchcache import WatchCache
 from controller.kube.writer import NotLeader, Writer
 from controller.state.ledger import Held, Ledger
 from driver.policy.model import EndHint, ShortReason

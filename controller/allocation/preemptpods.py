@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from controller.claims.podclaims import is_gated, is_terminal, referenced_claims
-from controller.kube.watchcache import object_key
+from controller.kube.store import object_key
 from controller.state.ledger import Ledger
 
 Obj = dict[str, Any]

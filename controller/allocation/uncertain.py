@@ -20,7 +20,7 @@ from typing import Any
 
 import structlog
 
-from controller.kube.watchcache import Store, resource_version
+from controller.kube.store import Store, resource_version
 from controller.kube.writer import WRITE_TIMEOUT_S, Writer, is_not_found
 from controller.state.ledger import Ledger, claim_holdings
 

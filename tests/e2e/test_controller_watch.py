@@ -8,7 +8,8 @@ import time
 
 from kubernetes import client as k8s
 
-from controller.kube.watchcache import Event, Reflector, Store
+from controller.kube.store import Event, Store
+from controller.kube.watchcache import Reflector
 
 from .cluster import ControlPlane
 from .k8sobjects import create_ready_node

@@ -26,7 +26,7 @@ from ctl_helpers import claim, mem
 from fake_apiserver import Harness
 
 from api.constants import DeviceKind
-from controller.kube.watchcache import Event, object_key
+from controller.kube.store import Event, object_key
 from controller.kube.writer import ALLOCATED_FOR_ANNOTATION, CONDITION_TYPE
 from controller.state.inventory import Inventory
 from driver.nvml.sim import SimGpuSpec, init_sim_state, open_sim

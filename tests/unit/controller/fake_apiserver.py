@@ -21,7 +21,8 @@ from kubernetes.client.exceptions import ApiException
 
 from api.constants import ALLOCATION_GATE
 from controller.allocation.loop import Controller
-from controller.kube.watchcache import RESOURCES, Event, WatchCache, object_key
+from controller.kube.store import Event, object_key
+from controller.kube.watchcache import RESOURCES, WatchCache
 from controller.kube.writer import Writer
 from controller.runtime.metrics import ControllerMetrics
 from controller.state.audit import Violation, audit_allocations

@@ -18,7 +18,8 @@ from fake_apiserver import FakeApiServer, Harness
 from kubernetes.client.exceptions import ApiException
 
 from controller.allocation.loop import Controller
-from controller.kube.watchcache import RESOURCES, Event, WatchCache
+from controller.kube.store import Event
+from controller.kube.watchcache import RESOURCES, WatchCache
 from controller.kube.writer import Writer
 
 SEVEN = 'device.attributes["gpu.flexmig.dev"].profile == "7g.40gb"'

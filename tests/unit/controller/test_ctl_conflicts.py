@@ -9,7 +9,7 @@ import threading
 from ctl_helpers import claim
 from fake_apiserver import Harness
 
-from controller.kube.watchcache import Event
+from controller.kube.store import Event
 from controller.kube.writer import FINALIZER
 
 ONE_G = 'device.attributes["gpu.flexmig.dev"].profile == "1g.5gb"'

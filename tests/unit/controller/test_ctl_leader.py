@@ -17,7 +17,7 @@ from kubernetes.client.exceptions import ApiException
 import controller.allocation.loop as loop_mod
 import controller.kube.leader as leader_mod
 from controller.kube.leader import LeaderElector
-from controller.kube.watchcache import Event
+from controller.kube.store import Event
 
 Obj = dict[str, Any]
 

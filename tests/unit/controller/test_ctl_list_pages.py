@@ -8,7 +8,8 @@ import threading
 from types import SimpleNamespace
 from typing import Any
 
-from controller.kube.watchcache import LIST_PAGE, Event, Reflector, Store
+from controller.kube.store import Event, Store
+from controller.kube.watchcache import LIST_PAGE, Reflector
 
 Obj = dict[str, Any]
 

@@ -13,7 +13,8 @@ from kubernetes.client.exceptions import ApiException
 
 from api.constants import ALLOCATION_GATE
 from controller.allocation.loop import Controller
-from controller.kube.watchcache import Event, WatchCache
+from controller.kube.store import Event
+from controller.kube.watchcache import WatchCache
 from controller.kube.writer import FINALIZER, Writer
 
 Obj = dict[str, Any]

@@ -14,7 +14,8 @@ from test_ctl_loop import FlakyWriter
 
 from api.constants import ALLOCATION_GATE
 from controller.allocation.loop import Controller
-from controller.kube.watchcache import Event, WatchCache
+from controller.kube.store import Event
+from controller.kube.watchcache import WatchCache
 
 
 def _chosen(template_name: str) -> str:

@@ -21,7 +21,7 @@ from controller.allocation.podsize import pod_size
 from controller.claims.cel import CelEnvironment
 from controller.claims.podclaims import ClaimsPending
 from controller.claims.requests import CandidateIndex
-from controller.kube.watchcache import Event
+from controller.kube.store import Event
 from controller.state.inventory import Inventory
 from driver.catalog.simulated import simulated_catalog
 from driver.policy.placer import AGE_FIRST_AFTER_S, Placer, PodSize

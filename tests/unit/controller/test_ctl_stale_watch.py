@@ -12,7 +12,7 @@ from __future__ import annotations
 from ctl_helpers import claim
 from fake_apiserver import Harness
 
-from controller.kube.watchcache import Event, Store
+from controller.kube.store import Event, Store
 
 WHOLE_MIG = 'device.attributes["gpu.flexmig.dev"].profile == "7g.40gb"'
 

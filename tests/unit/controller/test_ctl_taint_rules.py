@@ -17,7 +17,8 @@ from controller.allocation.decide import ControllerReason, Decider
 from controller.allocation.loop import Controller
 from controller.claims.cel import CelEnvironment
 from controller.claims.requests import CandidateIndex
-from controller.kube.watchcache import Event, OptionalList, WatchCache
+from controller.kube.store import Event
+from controller.kube.watchcache import OptionalList, WatchCache
 from controller.state.inventory import Inventory
 from controller.state.ledger import Ledger
 from controller.state.taintrules import with_taint_rules

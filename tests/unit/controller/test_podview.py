@@ -25,7 +25,8 @@ from controller.allocation.podsize import _plan_key
 from controller.claims import podclaims
 from controller.kube import podview
 from controller.kube.podview import PROJECTIONS
-from controller.kube.watchcache import Event, Reflector, Store, WatchCache
+from controller.kube.store import Event, Store
+from controller.kube.watchcache import Reflector, WatchCache
 from controller.kube.writer import Writer
 from controller.state.inventory import Inventory
 from controller.views.statusmodel import collect_allocations

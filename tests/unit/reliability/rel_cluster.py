@@ -18,7 +18,8 @@ from shim_helpers import apply_patch  # the strict RFC 6902 applier of the shim 
 
 from api.constants import ALLOCATION_GATE
 from controller.allocation.loop import Controller
-from controller.kube.watchcache import Event, WatchCache
+from controller.kube.store import Event
+from controller.kube.watchcache import WatchCache
 from controller.kube.writer import Writer
 from controller.shim import ShimDefaults, mutate_pod
 from controller.shim.templates import TemplateSpec
