@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from api.constants import DRIVER_NAME
 from controller.allocation.decide import Decider
+from controller.claims.candidates import CandidateIndex
 from controller.claims.cel import CelEnvironment
-from controller.claims.requests import CandidateIndex
 from controller.state.inventory import Inventory
 from controller.state.ledger import Ledger
 from driver.policy.allocator import FirstFitPolicy, PackingPolicy

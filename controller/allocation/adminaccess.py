@@ -30,8 +30,9 @@ from typing import Any
 from api.constants import DRIVER_NAME, DeviceKind
 from controller.allocation.decision import ClaimAllocation, ControllerReason, Decision
 from controller.allocation.upstream import tolerated
+from controller.claims.candidates import CandidateIndex
 from controller.claims.fields import ALLOCATION_RESULTS_MAX
-from controller.claims.requests import Alternative, CandidateIndex, ClaimRequest
+from controller.claims.requests import Alternative, ClaimRequest
 from controller.claims.resultconfig import allocation_config
 from controller.state.inventory import PublishedDevice
 from controller.state.ledger import Ledger

@@ -31,6 +31,7 @@ from controller.allocation.podsize import pod_size
 from controller.allocation.preempt import Preemption
 from controller.allocation.uncertain import UncertainClaims
 from controller.allocation.upstream import shim_generated
+from controller.claims.candidates import CandidateIndex
 from controller.claims.podclaims import (
     ClaimsPending,
     allocation_results,
@@ -39,7 +40,6 @@ from controller.claims.podclaims import (
     mirror_annotation,
     split_share_problem,
 )
-from controller.claims.requests import CandidateIndex
 from controller.kube.outcome import Outcome, write_outcome
 from controller.kube.store import object_key, resource_version
 from controller.kube.watchcache import WatchCache

@@ -35,15 +35,9 @@ from controller.allocation.nomatch import no_match_message
 from controller.allocation.results import decision_of
 from controller.allocation.upstream import explain, one_node, result_limit, shim_claim
 from controller.allocation.wholeplan import Checker, Unplaced, WholePlacer
+from controller.claims.candidates import CandidateIndex, Candidates
 from controller.claims.constraints import Plan, Slot
-from controller.claims.requests import (
-    Alternative,
-    CandidateIndex,
-    Candidates,
-    ClaimRequest,
-    RequestError,
-    claim_requests,
-)
+from controller.claims.requests import Alternative, ClaimRequest, RequestError, claim_requests
 from controller.claims.resultconfig import dedicated
 from controller.shared.shares import (
     AltKind,

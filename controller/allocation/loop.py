@@ -68,9 +68,9 @@ from controller.allocation.nodefilter import schedulable_view
 from controller.allocation.preempt import Preemption
 from controller.allocation.skips import SkipReporter
 from controller.allocation.uncertain import UncertainClaims
+from controller.claims.candidates import CandidateIndex
 from controller.claims.cel import CelEnvironment
 from controller.claims.podclaims import LiveRefs, is_gated, is_terminal, referenced_claims
-from controller.claims.requests import CandidateIndex
 from controller.kube.store import Event, resource_version
 from controller.kube.watchcache import WatchCache
 from controller.kube.writer import CONDITION_TYPE, NotLeader, Writer, is_conflict, is_not_found

@@ -27,8 +27,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from api.constants import ANNOTATION_EXPECTED_DURATION
+from controller.claims.candidates import CandidateIndex
 from controller.claims.podclaims import claim_names
-from controller.claims.requests import Alternative, CandidateIndex, RequestError, claim_requests
+from controller.claims.requests import Alternative, RequestError, claim_requests
 from controller.claims.resultconfig import dedicated
 from controller.shared.shares import AltKind, ShareAmounts, classify
 from driver.policy.placer import PodSize

@@ -35,7 +35,7 @@ from controller.allocation.moves import Moves
 from controller.allocation.nominate import HOLD_S, Nomination, Nominations
 from controller.allocation.preemptpods import Candidate, candidates_by_node, may_preempt, priority
 from controller.allocation.preemptsearch import VictimSet, victim_sets
-from controller.claims.requests import CandidateIndex
+from controller.claims.candidates import CandidateIndex
 from controller.kube.outcome import Outcome, write_outcome
 from controller.kube.store import object_key
 from controller.kube.watchcache import WatchCache

@@ -19,7 +19,8 @@ from fractions import Fraction
 from typing import Any
 
 from api.constants import DRIVER_NAME
-from controller.claims.requests import Alternative, CandidateIndex
+from controller.claims.candidates import CandidateIndex
+from controller.claims.requests import Alternative
 
 
 def dedicated(index: CandidateIndex, alt: Alternative) -> Alternative:

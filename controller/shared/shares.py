@@ -29,7 +29,8 @@ from enum import StrEnum
 from typing import Any
 
 from api.constants import DRIVER_NAME
-from controller.claims.requests import Alternative, CandidateIndex, Candidates, ClaimRequest, RequestError
+from controller.claims.candidates import CandidateIndex, Candidates
+from controller.claims.requests import Alternative, ClaimRequest, RequestError
 from controller.shared.capacity import ShareRequestError, ShareSpec, ShareTooLarge, consumed_capacity
 from controller.state.inventory import Inventory, PublishedDevice
 from driver.policy.model import Choice, GpuRef

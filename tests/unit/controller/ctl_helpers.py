@@ -7,8 +7,8 @@ from typing import Any
 
 from api.constants import DRIVER_NAME
 from controller.allocation.decide import Decider
+from controller.claims.candidates import CandidateIndex
 from controller.claims.cel import CelEnvironment
-from controller.claims.requests import CandidateIndex
 from controller.state.inventory import Inventory
 from controller.state.ledger import Ledger
 from driver.catalog.simulated import simulated_catalog

@@ -11,8 +11,8 @@ from ctl_helpers import claim as ctl_claim
 
 from api.constants import DRIVER_NAME
 from controller.allocation.decide import Decider, Decision
+from controller.claims.candidates import CandidateIndex
 from controller.claims.cel import CelEnvironment
-from controller.claims.requests import CandidateIndex
 from controller.shim.templates import LABEL_SHIM_TEMPLATE, SHIM_TEMPLATE_VERSION
 from controller.state.inventory import Inventory
 from controller.state.ledger import Ledger

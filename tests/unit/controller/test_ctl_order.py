@@ -18,9 +18,9 @@ from shared_helpers import decider as shared_decider
 from test_ctl_whole import ALL_CLASSES, WHOLE, _decider, _whole
 
 from controller.allocation.podsize import pod_size
+from controller.claims.candidates import CandidateIndex
 from controller.claims.cel import CelEnvironment
 from controller.claims.podclaims import ClaimsPending
-from controller.claims.requests import CandidateIndex
 from controller.kube.store import Event
 from controller.state.inventory import Inventory
 from driver.catalog.simulated import simulated_catalog

@@ -9,8 +9,8 @@ from typing import Any
 from shared_helpers import CLASSES, claim, commit, decider, hami_body, shared_slice
 
 from controller.allocation.decide import ControllerReason, Decider
+from controller.claims.candidates import CandidateIndex
 from controller.claims.cel import CelEnvironment
-from controller.claims.requests import CandidateIndex
 from controller.state.inventory import Inventory
 from controller.state.ledger import Ledger, ShareUse
 from driver.policy.allocator import PackingPolicy

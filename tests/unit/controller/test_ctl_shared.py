@@ -288,8 +288,8 @@ def test_a_node_with_both_kinds_takes_a_pod_mixing_them() -> None:
     from shared_helpers import shared_slice
 
     from controller.allocation.decide import Decider
+    from controller.claims.candidates import CandidateIndex
     from controller.claims.cel import CelEnvironment
-    from controller.claims.requests import CandidateIndex
     from controller.state.ledger import Ledger
     from driver.policy.allocator import PackingPolicy
 

@@ -15,8 +15,8 @@ from kubernetes.client.exceptions import ApiException
 
 from controller.allocation.decide import ControllerReason, Decider
 from controller.allocation.loop import Controller
+from controller.claims.candidates import CandidateIndex
 from controller.claims.cel import CelEnvironment
-from controller.claims.requests import CandidateIndex
 from controller.kube.store import Event
 from controller.kube.watchcache import OptionalList, WatchCache
 from controller.state.inventory import Inventory

@@ -14,8 +14,8 @@ from shared_helpers import decider as shared_decider
 
 from controller.allocation.decide import ControllerReason, Decider
 from controller.allocation.upstream import shim_generated
+from controller.claims.candidates import CandidateIndex
 from controller.claims.cel import CelEnvironment
-from controller.claims.requests import CandidateIndex
 from controller.state.inventory import Inventory
 from controller.state.ledger import Ledger
 from driver.policy.allocator import PackingPolicy

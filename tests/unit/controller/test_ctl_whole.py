@@ -9,8 +9,8 @@ from ctl_helpers import CLASSES, catalogs, claim, mem
 
 from api.constants import DRIVER_NAME
 from controller.allocation.decide import ControllerReason, Decider, Decision
+from controller.claims.candidates import CandidateIndex
 from controller.claims.cel import CelEnvironment
-from controller.claims.requests import CandidateIndex
 from controller.state.inventory import Inventory
 from controller.state.ledger import Ledger
 from driver.policy.allocator import PackingPolicy

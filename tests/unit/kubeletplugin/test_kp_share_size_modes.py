@@ -17,8 +17,8 @@ from sim_node import FakeApi, SimNode, make_node
 
 from api.constants import DRIVER_NAME
 from controller.allocation.decide import Decider
+from controller.claims.candidates import CandidateIndex
 from controller.claims.cel import CelEnvironment
-from controller.claims.requests import CandidateIndex
 from controller.state.inventory import Inventory
 from controller.state.ledger import Ledger
 from driver.catalog.discover import discover_all
