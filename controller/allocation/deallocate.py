@@ -14,8 +14,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import structlog
+from kubernetes.client.exceptions import ApiException
 
-from controller.kube.writer import ALLOCATED_FOR_ANNOTATION, FINALIZER, Writer
+from controller.claims.podclaims import LiveRefs, is_gated
+from controller.kube.store import resource_version
+from controller.kube.watchcache import WatchCache
+from controller.kube.writer import ALLOCATED_FOR_ANNOTATION, FINALIZER, Writer, is_conflict, is_not_found
+from controller.state.ledger import Ledger, claim_holdings
 
 log = structlog.get_logger(__name__)
 
@@ -74,3 +79,39 @@ def deallocate(
             )
     assert current is not None
     return writer.unprotect_claim(current)
+
+
+class ClaimChecks:
+    """The deallocation pass of controller/allocation/loop.py's `Controller` (a mixin of it)."""
+
+    cache: WatchCache
+    writer: Writer | None
+    ledger: Ledger
+    dirty: set[str]
+    pending: dict[str, Any]
+    pods_by_uid: dict[str, dict[str, Any]]
+    live_refs: LiveRefs
+
+    def _check_claim(self, key: str) -> None:
+        claim = self.cache["resourceclaims"].get(key)
+        if claim is None:
+            return
+        action = needs_attention(
+            claim,
+            lambda uid: uid in self.pods_by_uid,
+            self.live_refs.in_use,
+            lambda uid: uid in self.pods_by_uid and is_gated(self.pods_by_uid[uid]),
+        )
+        if action is None:
+            return
+        assert self.writer is not None
+        try:
+            result = deallocate(self.writer, claim, action, self.pods_by_uid)
+        except ApiException as exc:
+            if is_conflict(exc) or is_not_found(exc):
+                return  # the watch brings the new version, which is checked again
+            raise
+        if result is not None:
+            self.cache.stores["resourceclaims"].assume(result)
+            self.ledger.observe(result["metadata"]["uid"], claim_holdings(result), resource_version(result))
+        self.dirty |= set(self.pending)

@@ -5,7 +5,8 @@ gated pods that became dirty (new, or capacity changed since they last failed) a
 whose pods are gone. Only the leader writes; a standby keeps its cache warm.
 
 Per pod (controller/allocation/allocate.py): decide all its claims at once, assume the devices in the ledger,
-write every claim, then release the pod; all or nothing, never allocated twice.
+write every claim, then release the pod; all or nothing, never allocated twice. The writes of up to
+`write_concurrency` pods overlap (controller/allocation/writepool.py); all are applied before a step ends.
 
 Order (issue 12, queue-aware decisions): the pods dirty in one step (a burst, a Job's pods, every
 waiting pod once capacity frees) are decided largest first: most requested memory, then most devices,
@@ -61,19 +62,20 @@ from urllib3.exceptions import HTTPError
 from controller.allocation.allocate import Pending, PodAllocation, StaleCache, allocated_devices
 from controller.allocation.burststep import BurstPlanning
 from controller.allocation.catchup import LeaderCatchUp
-from controller.allocation.deallocate import deallocate, has_finalizer, needs_attention
+from controller.allocation.deallocate import ClaimChecks, has_finalizer
 from controller.allocation.doublehold import DoubleHoldReporter
 from controller.allocation.lifetime import ClaimEnds, running_end
 from controller.allocation.nodefilter import schedulable_view
 from controller.allocation.preempt import Preemption
 from controller.allocation.skips import SkipReporter
 from controller.allocation.uncertain import UncertainClaims
+from controller.allocation.writepool import PodWrites, WritePool, WritesStopped
 from controller.claims.candidates import CandidateIndex
 from controller.claims.cel import CelEnvironment
 from controller.claims.podclaims import LiveRefs, is_gated, is_terminal, referenced_claims
 from controller.kube.store import Event, resource_version
 from controller.kube.watchcache import WatchCache
-from controller.kube.writer import CONDITION_TYPE, NotLeader, Writer, is_conflict, is_not_found
+from controller.kube.writer import CONDITION_TYPE, NotLeader, Writer
 from controller.runtime.metrics import ControllerMetrics, Snapshot, instance_rows
 from controller.state.inventory import Inventory
 from controller.state.ledger import Ledger
@@ -93,7 +95,7 @@ def _transient(exc: Exception) -> bool:
     return isinstance(exc, ApiException | OSError | HTTPError)
 
 
-class Controller(PodAllocation):
+class Controller(PodAllocation, ClaimChecks):
     def __init__(
         self,
         cache: WatchCache,
@@ -106,6 +108,7 @@ class Controller(PodAllocation):
         burst_budget_s: float = BURST_PLAN_BUDGET_S,
         catch_up: bool = True,
         preemption: Preemption | None = None,
+        write_concurrency: int = 1,
     ) -> None:
         self.cache = cache
         self.age_first_after_s = age_first_after_s
@@ -136,6 +139,7 @@ class Controller(PodAllocation):
         self.double_holds = DoubleHoldReporter(self.metrics)
         self.preemption = preemption or Preemption(self.metrics.registry)
         self.runner: LoopRunner | None = None
+        self.writes = WritePool(write_concurrency)  # pods whose writes may be in flight at once
         self._slices_dirty = False
         self._last_resync = 0.0
 
@@ -283,6 +287,7 @@ class Controller(PodAllocation):
         )
         self.runner = runner(loop) if runner is not None else loop
         self.runner.run()
+        self.writes.close()
         self.cache.stop()
 
     def _beat(self) -> None:
@@ -328,12 +333,15 @@ class Controller(PodAllocation):
             )
             try:
                 for key in order:
+                    if not self.writes.make_room(self._applied):
+                        break
                     self.dirty.discard(key)
                     self.placer.follow_plan(key in planned)
                     if not self._guard("allocate", self._process_pod, key):
                         self.dirty.add(key)
                         break
             finally:
+                self.writes.drain(self._applied)  # every result applied before anything else runs
                 self.placer.end_burst()
             for key in sorted(self.claims_to_check):
                 self.claims_to_check.discard(key)
@@ -369,6 +377,8 @@ class Controller(PodAllocation):
         except StaleCache as exc:  # the claim was read again; nothing more on this stale view
             log.info("cache found stale by a conflict; step ends", stage=stage, key=key, error=str(exc))
             return False
+        except WritesStopped:  # another pod's result ended the step (logged as it was applied)
+            return False
         except Exception as exc:  # one bad object must not stop the loop; it is retried on resync
             self.metrics.reconcile_errors.labels(stage).inc()
             log.exception("reconcile failed", stage=stage, key=key, error=str(exc))
@@ -376,6 +386,13 @@ class Controller(PodAllocation):
                 resource = "pods" if stage == "allocate" else "resourceclaims"
                 self._skip(resource, key, self.cache[resource].get(key), exc)
         return True
+
+    def _applied(self, result: PodWrites) -> bool:
+        """One pod's write results, applied as if its writes had run here; False ends the step."""
+        if self._guard("allocate", lambda _key: self._apply_writes(result), result.key):
+            return True
+        self.dirty.add(result.key)
+        return False
 
     def _publish(self) -> None:
         gated: dict[str, int] = {}
@@ -391,34 +408,6 @@ class Controller(PodAllocation):
                 oldest_pending_since=min((p.first_seen for p in self.pending.values()), default=None),
             )
         )
-
-    # --- deallocation -------------------------------------------------------------------------------
-
-    def _check_claim(self, key: str) -> None:
-        claim = self.cache["resourceclaims"].get(key)
-        if claim is None:
-            return
-        action = needs_attention(
-            claim,
-            lambda uid: uid in self.pods_by_uid,
-            self.live_refs.in_use,
-            lambda uid: uid in self.pods_by_uid and is_gated(self.pods_by_uid[uid]),
-        )
-        if action is None:
-            return
-        assert self.writer is not None
-        try:
-            result = deallocate(self.writer, claim, action, self.pods_by_uid)
-        except ApiException as exc:
-            if is_conflict(exc) or is_not_found(exc):
-                return  # the watch brings the new version, which is checked again
-            raise
-        if result is not None:
-            self.cache.stores["resourceclaims"].assume(result)
-            self.ledger.observe(
-                result["metadata"]["uid"], allocated_devices(result), resource_version(result)
-            )
-        self.dirty |= set(self.pending)
 
 
 __all__ = ["CONDITION_TYPE", "Controller", "Pending", "allocated_devices"]

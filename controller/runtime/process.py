@@ -29,6 +29,7 @@ from controller.allocation.loop import Controller
 from controller.allocation.moves import Moves, MoveSettings
 from controller.allocation.nominate import HOLD_S
 from controller.allocation.preempt import Preemption
+from controller.allocation.writepool import DEFAULT_WRITE_CONCURRENCY
 from controller.kube.leader import LeaderElector
 from controller.kube.watchcache import STUCK_AFTER_S, WatchCache
 from controller.kube.writer import Writer
@@ -60,6 +61,7 @@ class ProcessOptions:
     metrics_address: str = "0.0.0.0"
     policy: Policy | None = None
     burst_budget_s: float = BURST_PLAN_BUDGET_S  # 0: no burst plans (driver/policy/burstplan.py)
+    write_concurrency: int = DEFAULT_WRITE_CONCURRENCY  # pods written at once (allocation/writepool.py)
     preemption: bool = True  # evict lower-priority pods for a pod that fits nowhere (docs/preemption.md)
     preemption_hold_s: float = HOLD_S
     moves: MoveSettings = field(
@@ -126,6 +128,7 @@ class ControllerProcess:
             self.writer,
             policy=options.policy,
             burst_budget_s=options.burst_budget_s,
+            write_concurrency=options.write_concurrency,
             metrics=self.metrics,
             is_leader=self.leading,
             preemption=Preemption(

@@ -33,6 +33,9 @@ POLICIES = ("flexmig", "first-fit")
 BURST_PLAN_BUDGET_S = 0.5  # driver/policy/burstplan.py TIME_BUDGET_S (not imported: keeps `--help` light)
 PREEMPTION_HOLD_S = 120.0  # controller/allocation/nominate.py HOLD_S (not imported: keeps `--help` light)
 MAX_PREEMPTION_HOLD_S = 3600.0
+# controller/allocation/writepool.py's (not imported: keeps `--help` light; a test checks they agree)
+DEFAULT_WRITE_CONCURRENCY = 8
+MAX_WRITE_CONCURRENCY = 64
 MAX_BURST_BUDGET_S = 10.0  # the step's pods wait for the plan: more than this is a stalled controller
 
 
@@ -47,6 +50,14 @@ def register(subparsers: Any) -> None:
         default=BURST_PLAN_BUDGET_S,
         help=f"seconds a step may spend planning its one-device MIG pods together, 0 to {MAX_BURST_BUDGET_S:g} "
         f"(0 turns burst plans off; default {BURST_PLAN_BUDGET_S:g})",
+    )
+    p.add_argument(
+        "--write-concurrency",
+        type=int,
+        default=DEFAULT_WRITE_CONCURRENCY,
+        help=f"pods whose API writes (finalizer, allocation, gate) are in flight at once, 1 to "
+        f"{MAX_WRITE_CONCURRENCY}; each pod's writes stay in order, decisions stay one at a time "
+        f"(1: one pod after another; default {DEFAULT_WRITE_CONCURRENCY})",
     )
     p.add_argument(
         "--preemption",
@@ -85,6 +96,10 @@ def _validate(args: argparse.Namespace) -> str | None:
             f"--burst-plan-budget: {args.burst_plan_budget} is not a number of seconds from 0 to "
             f"{MAX_BURST_BUDGET_S:g} (0 turns burst plans off)"
         )
+    if not 1 <= args.write_concurrency <= MAX_WRITE_CONCURRENCY:
+        return (
+            f"--write-concurrency: {args.write_concurrency} is not a number from 1 to {MAX_WRITE_CONCURRENCY}"
+        )
     if args.preemption not in ("true", "false"):
         return f"--preemption: {args.preemption!r} is not one of true, false"
     if not 1 <= args.preemption_hold <= MAX_PREEMPTION_HOLD_S:  # NaN fails too
@@ -98,13 +113,17 @@ def _validate(args: argparse.Namespace) -> str | None:
     return validate_webhook_flags(args)
 
 
-def _api_client(kubeconfig: str | None) -> Any:
+def _api_client(kubeconfig: str | None, write_concurrency: int = 1) -> Any:
     """The API client for `--kubeconfig`, else the in-cluster service account; UsageError naming the
     flag when neither can be loaded (before: a ConfigException traceback)."""
     from kubernetes import client as k8s
     from kubernetes import config as kconfig
 
-    conf = with_safe_retries(k8s.Configuration())  # writes are never re-sent blindly
+    base = k8s.Configuration()
+    # One connection per write worker besides the watches' and the loops': a full pool would open a
+    # new TLS connection for each write and throw it away after.
+    base.connection_pool_maxsize = (base.connection_pool_maxsize or 1) + write_concurrency
+    conf = with_safe_retries(base)  # writes are never re-sent blindly
     if kubeconfig:
         if not os.path.isfile(kubeconfig):
             raise UsageError(f"--kubeconfig: {kubeconfig} does not exist; allowed: a kubeconfig file")
@@ -149,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--webhook-port: {problem}")
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    api = _api_client(args.kubeconfig)
+    api = _api_client(args.kubeconfig, args.write_concurrency)
     webhook: Any = None
     if settings is not None:
         from controller.webhook import WebhookService
@@ -164,6 +183,7 @@ def run(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port or None,
         policy=PackingPolicy() if args.policy == "flexmig" else FirstFitPolicy(),
         burst_budget_s=args.burst_plan_budget,
+        write_concurrency=args.write_concurrency,
         preemption=args.preemption == "true",
         preemption_hold_s=args.preemption_hold,
         moves=move_settings(args),
