@@ -1,5 +1,5 @@
 """python3 -m benchmarks.e2e [--nodes 10] [--gpus-per-node 8] [--pods 50,200] [--kinds legacy,claim,nogpu]
-[--modes controller,scheduler] [--latency zero,realistic] [--idle-grace 0,30] [--churn]
+[--modes controller,scheduler] [--latency zero,realistic] [--idle-grace 0,30] [--churn] [--sim memory]
 
 Prints one row per configuration: pods Running, pods/s over the burst (first POST to last Running),
 created -> Running latency p50/p99 and the p99 of each stage (admission, gate removal, scheduling,
@@ -12,6 +12,12 @@ seconds (0 = off; the mode column then reads e.g. `controller+idle30s`), and `--
 kind, a round whose measured burst follows an unmeasured one deleted just before (kind `claim/churn`):
 with a grace period its pods land on the idle instances the first burst left (reuse), without one on
 freshly created instances. Compare the churn rows of `--idle-grace 0,30`.
+
+`--sim memory` (the default) runs the plugins on `sim-memory:` (state loaded once, per-GPU locks,
+changes written back to the file: per-call cost closer to hardware's); `--sim file` on the e2e tests'
+file-backed `sim:`, where every NVML call is a locked rewrite of the node's state file and the prepare
+stage mostly measures the simulator. In memory mode the NVML call counts per pod are those written back
+with the last change on each node, so the read-only calls after a node's last change are missing.
 """
 
 from __future__ import annotations
@@ -39,7 +45,9 @@ def _list(text: str, allowed: tuple[str, ...], flag: str) -> list[str]:
     return items
 
 
-def _options(mode: str, idle_grace_s: float = 0.0, fast_reconcile: bool = False) -> ScenarioOptions:
+def _options(
+    mode: str, idle_grace_s: float = 0.0, fast_reconcile: bool = False, sim: str = "memory"
+) -> ScenarioOptions:
     extra: tuple[str, ...] = ()
     if idle_grace_s > 0:
         extra += ("--set", f"kubeletPlugin.idleInstances.gracePeriodSeconds={idle_grace_s:g}")
@@ -48,9 +56,14 @@ def _options(mode: str, idle_grace_s: float = 0.0, fast_reconcile: bool = False)
         # lets the next round start on empty GPUs soon. Given to every install of a run that keeps
         # idle instances, so the rows with and without reuse differ in nothing else.
         extra += ("--set-json", 'kubeletPlugin.extraArgs=["--reconcile-interval=2"]')
+    backend = "sim-memory" if sim == "memory" else "sim"
     if mode == "controller":
-        return ScenarioOptions(webhook=True, extra_values=extra)
-    return ScenarioOptions(start_controller=False, extra_values=("--set", "allocationMode=scheduler", *extra))
+        return ScenarioOptions(webhook=True, extra_values=extra, nvml_backend=backend)
+    return ScenarioOptions(
+        start_controller=False,
+        extra_values=("--set", "allocationMode=scheduler", *extra),
+        nvml_backend=backend,
+    )
 
 
 def _ms(x: float) -> str:
@@ -86,6 +99,7 @@ def main() -> int:
     p.add_argument("--latency", default=",".join(LATENCIES))
     p.add_argument("--idle-grace", default="0", help="idle-instance grace periods (s), one install each")
     p.add_argument("--churn", action="store_true", help="add a churn round per GPU kind (see above)")
+    p.add_argument("--sim", choices=("memory", "file"), default="memory", help="plugin simulator (see above)")
     args = p.parse_args()
     kinds = _list(args.kinds, KINDS, "--kinds")
     modes = _list(args.modes, MODES, "--modes")
@@ -121,12 +135,14 @@ def main() -> int:
                 file=sys.stderr,
             )
             release = f"flexmig-{mode[:5]}" + (f"-i{round(grace)}" if grace > 0 else "")
-            options = _options(mode, grace, fast_reconcile=max(graces) > 0)
+            options = _options(mode, grace, fast_reconcile=max(graces) > 0, sim=args.sim)
             with Scenario(cp, nodes, options, release=release) as sc:
                 if mode == "controller":
                     sc.wait_webhook()
-                for latency in latencies:
-                    set_latency(sc, latency == "realistic")
+                for i, latency in enumerate(latencies):
+                    # A sim-memory plugin loaded the file's (zero) latencies when it started.
+                    restart = args.sim == "memory" and (i > 0 or latency == "realistic")
+                    set_latency(sc, latency == "realistic", restart=restart)
                     for size in sizes:
                         for kind, churn in [(k, c) for k in kinds for c in (False, True)]:
                             if kind == "legacy" and mode == "scheduler":
@@ -138,8 +154,8 @@ def main() -> int:
                             results.append(r)
                             print(f"[e2e-bench] {time.monotonic() - t0:6.0f}s {_row(r)}", file=sys.stderr)
     print(
-        f"\nflexmig end to end: {args.nodes} simulated nodes x {args.gpus_per_node} H100-80GB, "
-        f"1g.10gb-sized pods, bursts from 16 concurrent clients\n"
+        f"\nflexmig end to end: {args.nodes} simulated nodes x {args.gpus_per_node} H100-80GB "
+        f"({args.sim} simulator), 1g.10gb-sized pods, bursts from 16 concurrent clients\n"
     )
     print(HEADER)
     for r in results:

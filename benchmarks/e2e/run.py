@@ -9,6 +9,7 @@ from typing import Any
 
 from benchmarks.prepare_latency import REALISTIC_DEFAULT_S, REALISTIC_S
 from controller.kube.rest import request
+from tests.e2e.hook_pods import restart_plugin
 from tests.e2e.scenario import SCENARIO_LABEL, Scenario
 
 from .procstats import ProcUsage, usage
@@ -44,14 +45,20 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[k]
 
 
-def set_latency(sc: Scenario, realistic: bool) -> None:
+def set_latency(sc: Scenario, realistic: bool, restart: bool = False) -> None:
     """Zero, or the plugin benchmark's assumed per-call latencies (not a measurement: no authoritative
-    GI/CI latency is published): GI create 300 ms, CI create 100 ms, destroys 150/50 ms."""
+    GI/CI latency is published): GI create 300 ms, CI create 100 ms, destroys 150/50 ms.
+
+    `restart`: restart every plugin afterwards, as a `sim-memory:` plugin reads the file's latencies
+    only when it starts (driver/nvml/sim/writeback.py); call it between rounds, with no GPU in use."""
     for node in sc.nodes.values():
         admin = node.nd.admin()
         admin.clear_latency()
         if realistic:
             admin.set_latency(REALISTIC_DEFAULT_S, **REALISTIC_S)
+    if restart:
+        for node in sc.nodes.values():
+            restart_plugin(sc, node, node.nd.metrics_address, node.nd.metrics_port)
 
 
 def _nvml_calls(sc: Scenario) -> dict[str, int]:

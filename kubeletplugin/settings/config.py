@@ -81,7 +81,7 @@ class PluginConfig:
 
     @property
     def is_simulated(self) -> bool:
-        return self.nvml_spec.startswith("sim:")
+        return self.nvml_spec.startswith(("sim:", "sim-memory:"))
 
 
 def _abs_dir(flag: Flag, value: str) -> Path:
@@ -216,13 +216,16 @@ def _node_config(
 def _check_nvml(flag: Flag, value: str) -> str:
     if value == "real":
         return value
-    if value.startswith("sim:") and value[4:].strip():
-        path = value[4:].strip()
-        if not Path(path).is_file():
-            raise ConfigError(f"{flag.label()}: simulator state file {path!r} does not exist")
-        return f"sim:{path}"
+    # sim-memory: the same simulator, loaded once and written back on changes (driver/nvml/backend.py).
+    for prefix in ("sim:", "sim-memory:"):
+        if value.startswith(prefix) and value[len(prefix) :].strip():
+            path = value[len(prefix) :].strip()
+            if not Path(path).is_file():
+                raise ConfigError(f"{flag.label()}: simulator state file {path!r} does not exist")
+            return f"{prefix}{path}"
     raise ConfigError(
-        f'{flag.label()}: {value!r} is not an NVML backend; allowed: "real", "sim:<state file>"'
+        f"{flag.label()}: {value!r} is not an NVML backend; allowed: "
+        '"real", "sim:<state file>", "sim-memory:<state file>"'
     )
 
 

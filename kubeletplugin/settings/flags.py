@@ -59,7 +59,12 @@ FLAGS: tuple[Flag, ...] = (
     Flag("cdi-dir", ("FLEXMIG_CDI_DIR",), DEFAULT_CDI_DIR, "where per-claim CDI specs are written"),
     Flag("checkpoint-path", ("FLEXMIG_CHECKPOINT_PATH",), DEFAULT_CHECKPOINT, "prepared-claims checkpoint"),
     Flag("boot-id-path", ("FLEXMIG_BOOT_ID_PATH",), DEFAULT_BOOT_ID_PATH, "file holding the node boot ID"),
-    Flag("nvml", ("FLEXMIG_NVML",), "real", 'NVML backend: "real" or "sim:<state file>"'),
+    Flag(
+        "nvml",
+        ("FLEXMIG_NVML",),
+        "real",
+        'NVML backend: "real", "sim:<state file>" or "sim-memory:<state file>"',
+    ),
     Flag("kubeconfig", ("KUBECONFIG",), "", "kubeconfig file; empty = in-cluster service account"),
     Flag("device-config", ("FLEXMIG_DEVICE_CONFIG",), "", "YAML/JSON file with migProfileAllowlist"),
     Flag("node-config", ("FLEXMIG_NODE_CONFIG",), "", "YAML/JSON file with the HAMi `nodeconfig` list"),

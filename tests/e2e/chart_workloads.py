@@ -114,6 +114,9 @@ class ChartNodeDir(NodeDir):
     # gives each plugin its pod's own loopback address and the chart's port, as a pod IP would be.
     metrics_address: str = "127.0.0.1"
     metrics_port: int = 0  # 0: ephemeral; the bound port is logged (31992 in the chart)
+    # "sim" (file-backed: tests arm faults and latencies on the file while the plugin runs) or
+    # "sim-memory" (loaded once, changes written back: what benchmarks/e2e uses, driver/nvml/backend.py).
+    nvml_backend: str = "sim"
 
     @property
     def hami_core_dir(self) -> Path:
@@ -129,7 +132,7 @@ class ChartNodeDir(NodeDir):
             "boot-id-path": self.boot_id_file,
             "hami-core-dir": self.hami_core_dir,
             "hami-core-library": self.hami_core_dir / "libvgpu.so",
-            "nvml": f"sim:{self.sim_state}",
+            "nvml": f"{self.nvml_backend}:{self.sim_state}",
             "kubeconfig": self.kubeconfig,
             "metrics-address": self.metrics_address,
             "metrics-port": self.metrics_port,

@@ -80,6 +80,7 @@ class ScenarioOptions:
     controller_args: tuple[str, ...] = ()  # appended to the Deployment's controller arguments
     controller_env: Mapping[str, str] = field(default_factory=dict)
     start_controller: bool = True
+    nvml_backend: str = "sim"  # the plugins' simulator mode (ChartNodeDir.nvml_backend)
 
 
 @dataclass
@@ -195,6 +196,7 @@ class Scenario:
             gpus = [SimGpuSpec(sku, mig_enabled=mig_on, uuid=f"GPU-{uuid.uuid4()}") for sku in spec.gpus]
             nd = ChartNodeDir.create(name, Path("/nonexistent"), gpus)
             assert isinstance(nd, ChartNodeDir)
+            nd.nvml_backend = self.options.nvml_backend
             if spec.hami_core_library:
                 nd.hami_core_dir.mkdir(parents=True, exist_ok=True)
                 shutil.copy(some_shared_object(), nd.hami_core_dir / "libvgpu.so")

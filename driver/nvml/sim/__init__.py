@@ -3,7 +3,8 @@
 Two modes with the same hardware rules: file-backed (`open_sim(path)`: every call is a locked
 transaction on a state file other processes share and crashes keep) and in-memory (`open_sim(memory)`
 with a `MemoryState` from `init_memory_sim` or `MemoryState.from_file`: per-GPU locks, nothing shared
-with other processes). Tests use the file mode unless they opt in.
+with other processes unless loaded with `write_back=True`, which writes each change back to the file).
+Tests use the file mode unless they opt in.
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ from driver.nvml.sim.memory import MemoryState
 from driver.nvml.sim.state import MigOffQueries
 
 
-def open_sim(source: str | os.PathLike[str] | MemoryState) -> Nvml:
+def open_sim(source: str | os.PathLike[str] | MemoryState, *, description: str | None = None) -> Nvml:
     """An uninitialised `Nvml` over the simulator state file at `source`, or over an in-memory state."""
     if isinstance(source, MemoryState):
-        return Nvml(SimulatedNvmlLibrary(source), description="sim:memory")
+        return Nvml(SimulatedNvmlLibrary(source), description=description or "sim:memory")
     return Nvml(SimulatedNvmlLibrary(os.fspath(source)), description=f"sim:{os.fspath(source)}")
 
 

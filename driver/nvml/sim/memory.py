@@ -11,7 +11,11 @@ hardware rules (`rules`) to the same `SimState`, but
   so latencies add up per GPU, not per node;
 - call counting, armed faults, latencies and pending events sit behind one short lock, taken only for
   the bookkeeping and never while sleeping;
-- nothing survives the process. Crash tests keep using the file-backed mode.
+- nothing survives the process, unless the state was loaded with `from_file(path, write_back=True)`
+  (backend spec `sim-memory:<path>`, see `writeback.py`): then every call that changed a GPU writes the
+  state back to the file before it returns, so other processes and a restarted one see the hardware.
+  Faults, latencies and events set on the file after the load are not seen; crash tests and fault
+  tests keep using the file-backed mode.
 
 A failed call leaves its GPU untouched, as in the file mode: the calls that change a GPU
 (`MUTATING_CALLS`) first copy the GPU's state and put the copy back when they raise. Every other call
@@ -31,6 +35,7 @@ from typing import TypeVar
 import pynvml
 
 from driver.nvml.sim.state import CiState, EventState, GiState, GpuState, ProcessState, SimState, StateFile
+from driver.nvml.sim.writeback import WriteBack
 
 T = TypeVar("T")
 
@@ -68,18 +73,20 @@ def _clone_gpu(gpu: GpuState) -> GpuState:
 class MemoryState:
     """In-process simulator state shared by every library (`open_sim`) and `SimAdmin` built on it."""
 
-    def __init__(self, state: SimState) -> None:
+    def __init__(self, state: SimState, write_back: StateFile | None = None) -> None:
         self._state = state
         self._meta = threading.Lock()  # call counts, faults, latencies, events
         self._gpu_locks = [threading.Lock() for _ in state.gpus]
+        self._write_back = WriteBack(write_back, state) if write_back is not None else None
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike[str]) -> MemoryState:
-        """Load a state file (e.g. one written by `init_sim_state`); later changes stay in memory."""
+    def from_file(cls, path: str | os.PathLike[str], *, write_back: bool = False) -> MemoryState:
+        """Load a state file (e.g. one written by `init_sim_state`). Later changes stay in memory, or
+        with `write_back` are also written back to the file by each call that made them."""
         store = StateFile(path)
         if not store.exists():
             raise FileNotFoundError(f"simulator state {os.fspath(path)} does not exist")
-        return cls(store.read())
+        return cls(store.read(), store if write_back else None)
 
     def exists(self) -> bool:
         return True
@@ -117,6 +124,10 @@ class MemoryState:
                 if delay > 0:
                     time.sleep(delay)
                 raise
+            if saved is not None and self._write_back is not None:
+                # Before the latency and the return, still under the GPU's lock: once a caller sees the
+                # result, the file holds it, so a killed plugin's successor finds what a driver keeps.
+                self._write_back.store(gpu, st.gpus[gpu], st, self._meta)
             if delay > 0:
                 time.sleep(delay)
             return result
@@ -152,6 +163,8 @@ class MemoryState:
             except BaseException:
                 vars(self._state).update(vars(before))
                 raise
+            if self._write_back is not None:
+                self._write_back.store_all(self._state)
 
     def read(self) -> SimState:
         """A consistent deep copy."""

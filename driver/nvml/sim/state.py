@@ -126,7 +126,7 @@ class SimState:
         return None
 
     def to_json(self) -> dict[str, Any]:
-        result = _plain(self)
+        result = plain(self)
         assert isinstance(result, dict)
         return result
 
@@ -170,15 +170,15 @@ class SimState:
         )
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     """The state tree as JSON data. Every leaf is a primitive, so unlike `dataclasses.asdict` no
     deep copy is needed; this runs on every simulated NVML call."""
     if is_dataclass(value) and not isinstance(value, type):
-        return {name: _plain(item) for name, item in vars(value).items()}
+        return {name: plain(item) for name, item in vars(value).items()}
     if isinstance(value, list):
-        return [_plain(item) for item in value]
+        return [plain(item) for item in value]
     if isinstance(value, dict):
-        return {key: _plain(item) for key, item in value.items()}
+        return {key: plain(item) for key, item in value.items()}
     return value
 
 
@@ -238,6 +238,12 @@ class StateFile:
             yield state
             after = state.to_json()
             self._store_raw(after, durable=_without_counts(after) != _without_counts(before))
+
+    def store_raw(self, raw: dict[str, Any]) -> None:
+        """Replace the state with `raw` (JSON data of a `SimState`), atomically but not fsynced: the
+        in-memory mode's write-back (driver/nvml/sim/writeback.py)."""
+        with self._locked():
+            self._store_raw(raw, durable=False)
 
     def read(self) -> SimState:
         """A consistent snapshot (taken under the lock, not written back)."""

@@ -20,8 +20,9 @@ def _has_nvidia_gpu() -> bool:
 
 
 def test_spec_validation() -> None:
-    for bad in ("", "sim:", "fake", "SIM:/x"):
-        with pytest.raises(ValueError, match=r"FLEXMIG_NVML.*\"real\" or \"sim:<state file path>\""):
+    for bad in ("", "sim:", "sim-memory:", "fake", "SIM:/x"):
+        allowed = r"\"real\", \"sim:<state file path>\" or \"sim-memory:<state file path>\""
+        with pytest.raises(ValueError, match=r"FLEXMIG_NVML.*" + allowed):
             open_nvml(bad)
 
 
@@ -30,6 +31,18 @@ def test_sim_spec(tmp_path: Path) -> None:
     init_sim_state(path, [SimGpuSpec("H100-80GB")])
     with open_nvml(f"sim:{path}") as nvml:
         assert nvml.gpu(0).name == "NVIDIA H100 80GB HBM3"
+
+
+def test_sim_memory_spec(tmp_path: Path) -> None:
+    path = tmp_path / "s.json"
+    init_sim_state(path, [SimGpuSpec("H100-80GB")])
+    with open_nvml(f"sim-memory:{path}") as nvml:
+        assert nvml.gpu(0).name == "NVIDIA H100 80GB HBM3"
+    # A missing state file fails at init, as a missing driver does, not when the backend is opened.
+    missing = open_nvml(f"sim-memory:{tmp_path / 'absent.json'}")
+    with pytest.raises(NvmlError) as exc:
+        missing.init()
+    assert exc.value.code is NvmlErrorCode.DRIVER_NOT_LOADED
 
 
 def test_spec_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
