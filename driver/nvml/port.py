@@ -47,7 +47,7 @@ class Nvml:
         # A device handle is valid from nvmlInit to nvmlShutdown; a prepare looked each GPU's handle up
         # about a dozen times (a quarter of its NVML calls), so it is looked up once per init.
         self._handles: dict[int, Any] = {}
-        self._health = HealthEventWatch(lib, self._call)
+        self._health = HealthEventWatch(lib, self._call, self._handle)
 
     # -- plumbing -----------------------------------------------------------------------------------
 

@@ -210,3 +210,15 @@ def test_device_handles_are_looked_up_once_per_init(make_sim: SimFactory) -> Non
     nvml.init()  # a new init may hand out new handles: none is kept across it
     nvml.mig_mode(0)
     assert admin.call_counts().get("nvmlDeviceGetHandleByIndex") == 3
+
+
+def test_health_waits_do_not_count_and_look_up_gpus_every_slice(make_sim: SimFactory) -> None:
+    nvml, admin, _ = make_sim("A100-40GB", "H100-80GB")
+    for _ in range(5):  # the plugin waits in 100 ms slices
+        assert nvml.wait_health_events(1) == []
+    counts = admin.call_counts()
+    assert counts.get("nvmlDeviceGetCount") == 1
+    assert counts.get("nvmlDeviceGetHandleByIndex") == 2
+    admin.inject_health_event(1, HealthEventKind.XID, xid=79)
+    (event,) = nvml.wait_health_events(10)  # still registered: events arrive between scans
+    assert event.gpu_index == 1
