@@ -13,6 +13,12 @@ kind, a round whose measured burst follows an unmeasured one deleted just before
 with a grace period its pods land on the idle instances the first burst left (reuse), without one on
 freshly created instances. Compare the churn rows of `--idle-grace 0,30`.
 
+`--control-plane-qps N` raises kube-scheduler's and kube-controller-manager's client rate limits (N
+requests/s, burst 2N; defaults 50 and 20). At the defaults a burst of DRA pods queues in those two
+clients, not in flexmig: kube-controller-manager creates each template's claim and records it on the
+pod (2 requests), kube-scheduler binds, posts an event and, for every pod with claims, patches
+nominatedNodeName before PreBind (3). Raising them shows what flexmig itself adds.
+
 `--sim memory` (the default) runs the plugins on `sim-memory:` (state loaded once, per-GPU locks,
 changes written back to the file: per-call cost closer to hardware's); `--sim file` on the e2e tests'
 file-backed `sim:`, where every NVML call is a locked rewrite of the node's state file and the prepare
@@ -34,6 +40,9 @@ from .run import Result, measure, set_latency
 from .workloads import KINDS
 
 MODES = ("controller", "scheduler")
+# Pods each stand-in kubelet prepares at once: kubelet works on every pod in its own goroutine; one
+# thread per node (the tests' setting) made a node's prepares queue behind each other's round trips.
+POD_WORKERS = 16
 LATENCIES = ("zero", "realistic")
 
 
@@ -58,11 +67,14 @@ def _options(
         extra += ("--set-json", 'kubeletPlugin.extraArgs=["--reconcile-interval=2"]')
     backend = "sim-memory" if sim == "memory" else "sim"
     if mode == "controller":
-        return ScenarioOptions(webhook=True, extra_values=extra, nvml_backend=backend)
+        return ScenarioOptions(
+            webhook=True, extra_values=extra, nvml_backend=backend, pod_workers=POD_WORKERS
+        )
     return ScenarioOptions(
         start_controller=False,
         extra_values=("--set", "allocationMode=scheduler", *extra),
         nvml_backend=backend,
+        pod_workers=POD_WORKERS,
     )
 
 
@@ -100,6 +112,13 @@ def main() -> int:
     p.add_argument("--idle-grace", default="0", help="idle-instance grace periods (s), one install each")
     p.add_argument("--churn", action="store_true", help="add a churn round per GPU kind (see above)")
     p.add_argument("--sim", choices=("memory", "file"), default="memory", help="plugin simulator (see above)")
+    p.add_argument(
+        "--control-plane-qps",
+        type=int,
+        default=0,
+        help="kube-scheduler's and kube-controller-manager's client rate limit, requests/s (burst twice "
+        "that); 0: their defaults (50 and 20). See above",
+    )
     args = p.parse_args()
     kinds = _list(args.kinds, KINDS, "--kinds")
     modes = _list(args.modes, MODES, "--modes")
@@ -119,6 +138,8 @@ def main() -> int:
     slots = args.nodes * args.gpus_per_node * 7
     if not sizes or min(sizes) < 1 or max(sizes) > slots:
         raise SystemExit(f"--pods: each burst must be 1..{slots} (7 x 1g.10gb per GPU on these nodes)")
+    if not 0 <= args.control_plane_qps <= 10_000:
+        raise SystemExit("--control-plane-qps: 0 (the components' defaults) to 10000 requests/s")
     if not 1 <= args.nodes <= 200 or not 1 <= args.gpus_per_node <= 16:
         raise SystemExit("--nodes: 1..200, --gpus-per-node: 1..16")
 
@@ -126,7 +147,7 @@ def main() -> int:
     results: list[Result] = []
     t0 = time.monotonic()
     print("[e2e-bench] control plane ...", file=sys.stderr)
-    with ControlPlane(build_binaries()) as cp:
+    with ControlPlane(build_binaries(), client_qps=args.control_plane_qps or None) as cp:
         round_no = 0
         for mode, grace in [(m, g) for m in modes for g in graces]:
             label = f"{mode}+idle{grace:g}s" if grace > 0 else mode

@@ -46,6 +46,10 @@ log = structlog.get_logger(__name__)
 
 Obj = dict[str, Any]
 
+# How long a pod's gate waits for the claim watch to deliver its allocations (controller/kube/echo.py):
+# on a healthy API server milliseconds; past this the gate goes anyway and kube-scheduler may race.
+GATE_ECHO_TIMEOUT_S = 2.0
+
 
 @dataclass(slots=True)
 class Pending:
@@ -118,6 +122,7 @@ class PodWriting:
                     out.effects.append(partial(self.dirty.add, key))  # decide again from fresh state
                     return out
                 claims = {e: written.get(str(c["metadata"]["uid"]), c) for e, c in claims.items()}
+                self._await_echo(written.values())
             self._release(pod, pending, claims, inventory, out.effects)
         except BaseException as exc:  # re-raised where it was raised before: the controller's guard
             out.error = exc
@@ -142,7 +147,9 @@ class PodWriting:
                 partial(self._protected, claim, alloc, None if protected_rv is None else protected_rv + 1)
             )
             try:
-                claim = self.writer.write_allocation(claim, self._allocation(alloc, decision.node))
+                claim = self.writer.write_allocation(
+                    claim, self._allocation(alloc, decision.node), reserve_for=pod
+                )
             except BaseException as exc:
                 if write_outcome(exc) is Outcome.UNKNOWN:
                     fx.append(partial(self.uncertain.add, claim, "allocation"))
@@ -155,6 +162,25 @@ class PodWriting:
             done.append(claim)
         self._settle_written(done, fx)
         return {claim["metadata"]["uid"]: claim for claim in done}
+
+    def _await_echo(self, written: Iterable[Obj]) -> None:
+        """Wait (bounded) until the claim watch has delivered these writes, so that kube-scheduler,
+        watching the same API server, usually sees the allocation before the pod without its gate."""
+        # Only reflectors feed the echo; a cache fed by hand (unit tests) has nothing to wait for.
+        echo = self.cache.claim_echo if self.cache.started else None
+        versions = {object_key(c): v for c in written if (v := resource_version(c)) is not None}
+        if echo is None or not versions:
+            return
+        started = time.monotonic()
+        seen = echo.wait(versions, GATE_ECHO_TIMEOUT_S)
+        self.metrics.gate_echo_wait.labels(outcome="seen" if seen else "timeout").observe(
+            time.monotonic() - started
+        )
+        if not seen:
+            log.info(
+                "claim watch did not deliver our allocation in time; releasing anyway",
+                claims=sorted(versions),
+            )
 
     def _protected(self, claim: Obj, alloc: ClaimAllocation, settles_at: int | None) -> None:
         self.cache.stores["resourceclaims"].assume(claim)

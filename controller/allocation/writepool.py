@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
-DEFAULT_WRITE_CONCURRENCY = 8
+DEFAULT_WRITE_CONCURRENCY = 32
 MAX_WRITE_CONCURRENCY = 64
 
 Effect = Callable[[], object]

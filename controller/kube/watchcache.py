@@ -37,8 +37,9 @@ from typing import Any
 import structlog
 from kubernetes.watch.watch import iter_resp_lines
 
+from controller.kube.echo import WatchEcho
 from controller.kube.podview import PROJECTIONS, Projection
-from controller.kube.store import Event, Store
+from controller.kube.store import Event, Store, object_key, resource_version
 from driver.looprunner import LoopRunner
 
 log = structlog.get_logger(__name__)
@@ -75,8 +76,10 @@ class Reflector:
         stuck_after_s: float = STUCK_AFTER_S,
         on_error: Callable[[Exception], None] | None = None,
         projection: Projection | None = None,
+        echo: WatchEcho | None = None,
     ) -> None:
         self.resource = resource
+        self.echo = echo
         self.list_fn = list_fn
         self.projection = projection
         self.events = events
@@ -124,6 +127,9 @@ class Reflector:
         event = self.fresh_list()
         self.resource_version = event.resource_version
         self.relists += 1
+        if self.echo is not None:
+            for item in event.items:
+                self.echo.seen(object_key(item), resource_version(item))
         self.events.put(event)
 
     def fresh_list(self) -> Event:
@@ -182,6 +188,8 @@ class Reflector:
                 self.resource_version = rv
             if kind == "BOOKMARK":
                 continue  # only advances the resume point
+            if self.echo is not None:
+                self.echo.seen(object_key(obj), resource_version(obj))
             kind = str(kind)
             if self.projection is not None:
                 kind, obj = self.projection.event(kind, obj)
@@ -236,6 +244,9 @@ class WatchCache:
         projections: Mapping[str, Projection] = PROJECTIONS,
     ) -> None:
         self.events: queue.Queue[Event] = queue.Queue()
+        # Our claim writes as the watch delivers them (controller/kube/echo.py): the gate waits for it.
+        self.claim_echo = WatchEcho()
+        self.started = False  # reflectors running; the echo is only fed then
         self.stop_event = threading.Event()
         self.stores = {name: Store(p.strip if (p := projections.get(name)) else None) for name in list_fns}
         self.reflectors = [
@@ -247,6 +258,7 @@ class WatchCache:
                 stuck_after_s=stuck_after_s,
                 on_error=None if on_error is None else functools.partial(on_error, name),
                 projection=projections.get(name),
+                echo=self.claim_echo if name == "resourceclaims" else None,
             )
             for name, fn in list_fns.items()
         ]
@@ -278,6 +290,7 @@ class WatchCache:
         return cache
 
     def start(self) -> None:
+        self.started = True
         for r in self.reflectors:
             r.start()
 

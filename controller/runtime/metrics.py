@@ -200,6 +200,14 @@ class ControllerMetrics:
             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
             registry=self.registry,
         )
+        self.gate_echo_wait = Histogram(
+            "flexmig_controller_gate_echo_wait_seconds",
+            "Wait between a pod's claim allocations landing and its gate removal, for the controller's "
+            "claim watch to deliver them (outcome: seen, timeout; controller/kube/echo.py)",
+            ["outcome"],
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2),
+            registry=self.registry,
+        )
         self.reconcile_errors = PromCounter(
             "flexmig_reconcile_errors", "Failed reconcile steps, by stage", ["stage"], registry=self.registry
         )

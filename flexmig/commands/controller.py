@@ -34,7 +34,7 @@ BURST_PLAN_BUDGET_S = 0.5  # driver/policy/burstplan.py TIME_BUDGET_S (not impor
 PREEMPTION_HOLD_S = 120.0  # controller/allocation/nominate.py HOLD_S (not imported: keeps `--help` light)
 MAX_PREEMPTION_HOLD_S = 3600.0
 # controller/allocation/writepool.py's (not imported: keeps `--help` light; a test checks they agree)
-DEFAULT_WRITE_CONCURRENCY = 8
+DEFAULT_WRITE_CONCURRENCY = 32
 MAX_WRITE_CONCURRENCY = 64
 MAX_BURST_BUDGET_S = 10.0  # the step's pods wait for the plan: more than this is a stalled controller
 

@@ -2,7 +2,9 @@
 realised identity onto the pod, and publish ResourceSlices.
 
 Objects are handled as camelCase dicts (what the API server speaks), so the rest of the plugin does not
-depend on the generated client's model classes.
+depend on the generated client's model classes. They are also read and written as raw JSON
+(`_preload_content=False`): decoding an answer into the client's models and back cost more CPU per
+prepared claim than the rest of the plugin's Python (benchmarks/RESULTS.md, "End to end").
 """
 
 from __future__ import annotations
@@ -54,6 +56,10 @@ class ClaimView:
     reserved_for: tuple[PodRef, ...]
     # status.allocation.devices.config: the configs the allocator copied from class and claim.
     config: tuple[Mapping[str, Any], ...] = ()
+    # The version read, and status.devices as it was then: the first status write is made on these
+    # (with the version as precondition) instead of reading the claim again.
+    resource_version: str = ""
+    status_devices: tuple[Mapping[str, Any], ...] = ()
 
 
 class ClaimNotFound(LookupError):
@@ -106,6 +112,8 @@ def claim_view_from_dict(obj: JsonDict) -> ClaimView:
             for c in ((status.get("allocation") or {}).get("devices") or {}).get("config") or ()
             if isinstance(c, Mapping)
         ),
+        resource_version=str(meta.get("resourceVersion") or ""),
+        status_devices=tuple(d for d in status.get("devices") or () if isinstance(d, Mapping)),
     )
 
 
@@ -118,53 +126,73 @@ class KubeClaimApi:
         self._core = k8s.CoreV1Api(api_client)
         self._driver = driver_name
 
-    def _to_dict(self, obj: object) -> JsonDict:
-        data = self._api_client.sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
+    @staticmethod
+    def _to_dict(resp: Any) -> JsonDict:
+        """The JSON body of a `_preload_content=False` answer."""
+        data = json.loads(resp.data)
         if not isinstance(data, dict):
             raise TypeError(f"expected an object from the API server, got {type(data).__name__}")
         return data
 
     def get_claim(self, namespace: str, name: str) -> ClaimView:
         try:
-            obj = self._resource.read_namespaced_resource_claim(
-                name=name, namespace=namespace, _request_timeout=REQUEST_TIMEOUT
+            resp = self._resource.read_namespaced_resource_claim(
+                name=name, namespace=namespace, _request_timeout=REQUEST_TIMEOUT, _preload_content=False
             )
         except ApiException as exc:
             if exc.status == 404:
                 raise ClaimNotFound(f"ResourceClaim {namespace}/{name} not found") from exc
             raise
-        return claim_view_from_dict(self._to_dict(obj))
+        return claim_view_from_dict(self._to_dict(resp))
 
     def set_device_status(self, claim: ClaimView, devices: list[JsonDict]) -> None:
-        """Replace this driver's entries in status.devices, keeping other drivers' entries."""
+        """Replace this driver's entries in status.devices, keeping other drivers' entries.
+
+        First on the version `claim` was read at (no second read); if the claim changed since (409),
+        once more on a fresh read; a conflict then is the caller's to retry."""
+        if claim.resource_version:
+            try:
+                self._patch_device_status(claim, claim.resource_version, claim.status_devices, devices)
+                return
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
         current = self._to_dict(
             self._resource.read_namespaced_resource_claim_status(
-                name=claim.name, namespace=claim.namespace, _request_timeout=REQUEST_TIMEOUT
+                name=claim.name,
+                namespace=claim.namespace,
+                _request_timeout=REQUEST_TIMEOUT,
+                _preload_content=False,
             )
         )
         meta = current.get("metadata") or {}
         if meta.get("uid") != claim.uid:
             raise ClaimNotFound(f"ResourceClaim {claim.namespace}/{claim.name} was replaced (uid changed)")
-        others = [
-            d for d in (current.get("status") or {}).get("devices") or [] if d.get("driver") != self._driver
-        ]
-        body = {
-            "metadata": {"resourceVersion": meta.get("resourceVersion")},
-            "status": {"devices": others + devices},
-        }
-        self._resource.patch_namespaced_resource_claim_status(
-            name=claim.name,
-            namespace=claim.namespace,
-            body=body,
-            _content_type="application/merge-patch+json",
-            _request_timeout=REQUEST_TIMEOUT,
+        status_devices = (current.get("status") or {}).get("devices") or []
+        self._patch_device_status(claim, str(meta.get("resourceVersion") or ""), status_devices, devices)
+
+    def _patch_device_status(
+        self, claim: ClaimView, version: str, current: Any, devices: list[JsonDict]
+    ) -> None:
+        others = [d for d in current if isinstance(d, Mapping) and d.get("driver") != self._driver]
+        body = {"metadata": {"resourceVersion": version}, "status": {"devices": others + devices}}
+        # The version precondition also proves the uid: a replaced claim has a newer version (409).
+        _drain(
+            self._resource.patch_namespaced_resource_claim_status(
+                name=claim.name,
+                namespace=claim.namespace,
+                body=body,
+                _content_type="application/merge-patch+json",
+                _request_timeout=REQUEST_TIMEOUT,
+                _preload_content=False,
+            )
         )
 
     def get_pod(self, namespace: str, name: str) -> JsonDict | None:
         try:
             return self._to_dict(
                 self._core.read_namespaced_pod(
-                    name=name, namespace=namespace, _request_timeout=REQUEST_TIMEOUT
+                    name=name, namespace=namespace, _request_timeout=REQUEST_TIMEOUT, _preload_content=False
                 )
             )
         except ApiException as exc:
@@ -175,18 +203,27 @@ class KubeClaimApi:
     def set_pod_annotation(self, namespace: str, name: str, key: str, value: str | None) -> None:
         body = {"metadata": {"annotations": {key: value}}}
         try:
-            self._core.patch_namespaced_pod(
-                name=name,
-                namespace=namespace,
-                body=body,
-                _content_type="application/merge-patch+json",
-                _request_timeout=REQUEST_TIMEOUT,
+            _drain(
+                self._core.patch_namespaced_pod(
+                    name=name,
+                    namespace=namespace,
+                    body=body,
+                    _content_type="application/merge-patch+json",
+                    _request_timeout=REQUEST_TIMEOUT,
+                    _preload_content=False,
+                )
             )
         except ApiException as exc:
             if exc.status == 404:
                 log.info("pod gone before its annotation could be written", namespace=namespace, pod=name)
                 return
             raise
+
+
+def _drain(resp: Any) -> None:
+    """Read a `_preload_content=False` answer to its end, as the client itself does, so that its
+    connection goes back to the pool."""
+    _ = resp.data
 
 
 def api_error_text(exc: ApiException) -> str:

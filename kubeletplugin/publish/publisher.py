@@ -12,7 +12,14 @@ A periodic resync (the drift check) repairs anything else.
 After every (re-)registration the publisher does not stop at one sync: kubelet's wipe of the node's
 slices and our republish race (they ran 53 ms apart after a kubelet restart), and if the wipe lands
 second the node would have no slices until the drift check. So for `verify_s` after a registration
-the slices are checked every `verify_poll_s` and written again if they vanished or changed.
+the slices are checked every `verify_poll_s` and written again if they vanished or changed. Such a
+check is one LIST compared by name and resourceVersion with what the last sync left; only a difference
+(or a local change asking for a sync) builds and hashes the desired slices again.
+
+Slices are read and written as raw JSON, never through the client's typed models: a node's slice holds
+hundreds of devices, and decoding it into models and back cost a plugin about 70 ms of CPU per sync
+(the verification window alone made that several CPU seconds per node after every start; see
+benchmarks/RESULTS.md, "End to end").
 """
 
 from __future__ import annotations
@@ -83,6 +90,7 @@ class SlicePublisher:
         self._syncs = 0
         self._generation = 0
         self._verify_until = 0.0  # guarded by _synced
+        self._left: dict[str, str] = {}  # slice name -> resourceVersion, as the last sync left them
         self.runner = LoopRunner(
             "slice-publisher",
             self._iteration,
@@ -130,21 +138,39 @@ class SlicePublisher:
             if left <= 0 or self.runner.stop_event.wait(min(self._verify_poll_s, left)):
                 return
             self.runner.beat()
-            if self.sync():
+            if self._wake.is_set():  # a local change asked for a sync: do it now, not after the window
+                self._wake.clear()
+                self.sync()
+            elif self._verify():
                 log.warning("node's ResourceSlices vanished or changed right after registration; republished")
 
     def _existing(self) -> dict[str, dict[str, Any]]:
         selector = f"spec.nodeName={self._node},spec.driver={DRIVER_NAME}"
-        listed = self._resource.list_resource_slice(field_selector=selector, _request_timeout=REQUEST_TIMEOUT)
+        listed = _raw(
+            self._resource.list_resource_slice(
+                field_selector=selector, _request_timeout=REQUEST_TIMEOUT, _preload_content=False
+            )
+        )
         out: dict[str, dict[str, Any]] = {}
-        for item in listed.items or []:
-            data = self._api_client.sanitize_for_serialization(item)  # type: ignore[no-untyped-call]
-            out[data["metadata"]["name"]] = data
+        for item in listed.get("items") or []:
+            out[str(item["metadata"]["name"])] = item
         return out
 
-    def sync(self) -> bool:
-        """One reconcile pass; True when something was written."""
+    def _verify(self) -> bool:
+        """A check inside the verification window: a full sync only when the slices on the server are
+        not the ones the last sync left; True when something was written."""
         existing = self._existing()
+        versions = {name: str(s["metadata"].get("resourceVersion")) for name, s in existing.items()}
+        if self._left and versions == self._left:
+            return False
+        return self.sync(existing)
+
+    def sync(self, existing: dict[str, dict[str, Any]] | None = None) -> bool:
+        """One reconcile pass (from `existing`, just listed, or a new list); True when something was
+        written."""
+        if existing is None:
+            existing = self._existing()
+        left = {name: str(s["metadata"].get("resourceVersion")) for name, s in existing.items()}
         gens = [
             int(((s.get("spec") or {}).get("pool") or {}).get("generation") or 0) for s in existing.values()
         ]
@@ -162,19 +188,32 @@ class SlicePublisher:
                 body = json.loads(json.dumps(published.body))
                 body["metadata"].setdefault("annotations", {})[HASH_ANNOTATION] = digest
                 current = existing.get(published.name)
+                # Until this write's answer is read, the last sync's record is no longer true.
+                self._left = {}
                 if current is None:
-                    self._resource.create_resource_slice(body=body, _request_timeout=REQUEST_TIMEOUT)
+                    written = _raw(
+                        self._resource.create_resource_slice(
+                            body=body, _request_timeout=REQUEST_TIMEOUT, _preload_content=False
+                        )
+                    )
                 else:
                     body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-                    self._resource.replace_resource_slice(
-                        name=published.name, body=body, _request_timeout=REQUEST_TIMEOUT
+                    written = _raw(
+                        self._resource.replace_resource_slice(
+                            name=published.name,
+                            body=body,
+                            _request_timeout=REQUEST_TIMEOUT,
+                            _preload_content=False,
+                        )
                     )
+                left[published.name] = str(written["metadata"].get("resourceVersion"))
             for name in sorted(set(existing) - set(desired.names)):
                 try:
                     self._resource.delete_resource_slice(name=name, _request_timeout=REQUEST_TIMEOUT)
                 except ApiException as exc:
                     if exc.status != 404:
                         raise
+                left.pop(name, None)
             log.info(
                 "published ResourceSlices",
                 generation=self._generation,
@@ -184,7 +223,16 @@ class SlicePublisher:
         self._metrics.published_devices.set(
             sum(len(s.body["spec"].get("devices") or []) for s in desired.slices)
         )
+        self._left = left
         with self._synced:
             self._syncs += 1
             self._synced.notify_all()
         return not unchanged
+
+
+def _raw(resp: Any) -> dict[str, Any]:
+    """The JSON body of a `_preload_content=False` answer."""
+    data = json.loads(resp.data)
+    if not isinstance(data, dict):
+        raise TypeError(f"expected an object from the API server, got {type(data).__name__}")
+    return data

@@ -236,6 +236,7 @@ class ControlPlane:
         workdir: Path | None = None,
         feature_gates: Mapping[str, bool] | None = None,
         extra_apiserver_args: Sequence[str] = (),
+        client_qps: int | None = None,
         verbosity: int = 2,
         advertise_address: str | None = None,
     ) -> None:
@@ -243,6 +244,9 @@ class ControlPlane:
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="flexmig-cp-"))
         self.feature_gates = dict(FEATURE_GATES if feature_gates is None else feature_gates)
         self.extra_apiserver_args = list(extra_apiserver_args)
+        # kube-scheduler's and kube-controller-manager's client rate limit (None: their defaults, 50 and
+        # 20 requests/s): the end-to-end benchmark raises it to see what flexmig itself costs.
+        self.client_qps = client_qps
         self.verbosity = verbosity
         # Set (a non-loopback address of this machine): the API server also listens there and the
         # `kubernetes` Service's endpoint is it, as on a real cluster, so pods on a pod network reach
@@ -386,6 +390,11 @@ class ControlPlane:
 
     # ---- lifecycle --------------------------------------------------------------------------
 
+    def _qps_flags(self) -> list[str]:
+        if self.client_qps is None:
+            return []
+        return [f"--kube-api-qps={self.client_qps}", f"--kube-api-burst={2 * self.client_qps}"]
+
     def _gates_flag(self) -> list[str]:
         if not self.feature_gates:
             return []
@@ -520,6 +529,7 @@ class ControlPlane:
                 f"--cluster-signing-key-file={pki / 'ca.key'}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 *self._gates_flag(),
+                *self._qps_flags(),
                 "--profiling=false",
                 f"--v={self.verbosity}",
             ],
@@ -535,6 +545,7 @@ class ControlPlane:
                 f"--secure-port={self.scheduler_port}",
                 "--leader-elect=false",
                 *self._gates_flag(),
+                *self._qps_flags(),
                 "--profiling=false",
                 f"--v={self.verbosity}",
             ],

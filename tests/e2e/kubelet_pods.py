@@ -10,8 +10,12 @@ exponential backoff. A pod with a deletionTimestamp gets `NodeUnprepareResources
 grace period 0 and a uid precondition, as kubelet does once the containers are gone; a pod that
 vanished without that (force-deleted) is unprepared too. No container ever runs.
 
-Not modelled: kubelet's parallel per-pod workers, and a claim shared by several pods on the node
-(kubelet unprepares it only when the last of them goes; here every pod unprepares its own claims).
+`parallel` > 1 works on up to that many pods at once, as kubelet's per-pod workers do (one pod is never
+worked on by two threads): what the end-to-end benchmark uses, where one thread per node would make
+the node's prepares wait for each other's API round trips. The tests keep 1 (a deterministic order).
+
+Not modelled: a claim shared by several pods on the node (kubelet unprepares it only when the last of
+them goes; here every pod unprepares its own claims).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,6 +118,7 @@ class PodWorker:
     plugin: Callable[[], Kubelet | None]
     driver: str = DRIVER_NAME
     actions: list[Action] = field(default_factory=list)
+    parallel: int = 1  # pods worked on at once
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -158,32 +164,54 @@ class PodWorker:
     # --- the worker thread ------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
-        while not stop.is_set():
-            now = time.monotonic()
-            with self._lock:
-                due = [
-                    u
-                    for u, s in self._pods.items()
-                    if s.dirty or (s.retry_at is not None and s.retry_at <= now)
-                ]
+        pool = ThreadPoolExecutor(self.parallel, f"pods-{self.node}") if self.parallel > 1 else None
+        in_flight: set[str] = set()  # guarded by _lock
+        try:
+            while not stop.is_set():
+                now = time.monotonic()
+                with self._lock:
+                    due = [
+                        u
+                        for u, s in self._pods.items()
+                        if u not in in_flight and (s.dirty or (s.retry_at is not None and s.retry_at <= now))
+                    ]
+                    for u in due:
+                        self._pods[u].dirty = False
+                        self._pods[u].retry_at = None
+                    if pool is not None:
+                        in_flight.update(due)
+                    retries = [s.retry_at for s in self._pods.values() if s.retry_at is not None]
                 for u in due:
-                    self._pods[u].dirty = False
-                    self._pods[u].retry_at = None
-                retries = [s.retry_at for s in self._pods.values() if s.retry_at is not None]
-            for u in due:
-                if stop.is_set():
-                    return
-                try:
-                    self._sync(u)
-                except Exception as exc:  # like kubelet's pod workers: never stop, retry the pod later
-                    with self._lock:
-                        st = self._pods.get(u)
-                    if st is not None:
-                        st.last_error = f"{type(exc).__name__}: {exc}"
-                        self._retry(st, BACKOFF_MAX_S)
-            if not due:
-                self._wake.wait(min([1.0, *(max(0.01, r - now) for r in retries)]))
-                self._wake.clear()
+                    if stop.is_set():
+                        return
+                    if pool is None:
+                        self._sync_guarded(u)
+                    else:
+                        pool.submit(self._sync_in_pool, u, in_flight)
+                if not due:
+                    self._wake.wait(min([1.0, *(max(0.01, r - now) for r in retries)]))
+                    self._wake.clear()
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
+
+    def _sync_in_pool(self, uid: str, in_flight: set[str]) -> None:
+        try:
+            self._sync_guarded(uid)
+        finally:
+            with self._lock:
+                in_flight.discard(uid)
+            self._wake.set()  # it may have become dirty meanwhile
+
+    def _sync_guarded(self, uid: str) -> None:
+        try:
+            self._sync(uid)
+        except Exception as exc:  # like kubelet's pod workers: never stop, retry the pod later
+            with self._lock:
+                st = self._pods.get(uid)
+            if st is not None:
+                st.last_error = f"{type(exc).__name__}: {exc}"
+                self._retry(st, BACKOFF_MAX_S)
 
     def _retry(self, st: _PodState, delay: float) -> None:
         with self._lock:

@@ -60,6 +60,7 @@ class KubeletStandIn:
     errors: list[str] = field(default_factory=list)
     registrations: int = 0
     plugin_info: reg_pb2.PluginInfo | None = None
+    pod_workers: int = 1  # pods prepared at once (kubelet_pods.py, `PodWorker.parallel`)
 
     def __post_init__(self) -> None:
         self.node = self.nd.node
@@ -69,7 +70,9 @@ class KubeletStandIn:
         self._threads: list[threading.Thread] = []
         self._kubelet: Kubelet | None = None
         self._watch_resp: Any = None
-        self.pods = PodWorker(self.api_client, self.node, self._plugin, self.driver)
+        self.pods = PodWorker(
+            self.api_client, self.node, self._plugin, self.driver, parallel=self.pod_workers
+        )
 
     @property
     def actions(self) -> list[Action]:

@@ -81,6 +81,7 @@ class ScenarioOptions:
     controller_env: Mapping[str, str] = field(default_factory=dict)
     start_controller: bool = True
     nvml_backend: str = "sim"  # the plugins' simulator mode (ChartNodeDir.nvml_backend)
+    pod_workers: int = 1  # pods each stand-in kubelet works on at once (kubelet_pods.py)
 
 
 @dataclass
@@ -202,7 +203,9 @@ class Scenario:
                 shutil.copy(some_shared_object(), nd.hami_core_dir / "libvgpu.so")
             node_api = self.cp.api_client(self.cp.node_kubeconfig(name))
             labels = {SCENARIO_LABEL: self.suffix, GPU_NODE_LABEL: "true"}
-            standin = KubeletStandIn(node_api, nd, labels=labels).start()
+            standin = KubeletStandIn(
+                node_api, nd, labels=labels, pod_workers=self.options.pod_workers
+            ).start()
             self.nodes[name] = SimNode(spec, name, nd, standin)
         for node in self.nodes.values():
             nd = node.nd
@@ -222,7 +225,9 @@ class Scenario:
         node = self.nodes[name]
         node.standin.stop()
         old = node.standin
-        node.standin = KubeletStandIn(old.api_client, node.nd, labels=old.labels).start()
+        node.standin = KubeletStandIn(
+            old.api_client, node.nd, labels=old.labels, pod_workers=old.pod_workers
+        ).start()
         node.standin.wait_registered()
         return node.standin
 

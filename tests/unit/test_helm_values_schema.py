@@ -81,6 +81,18 @@ def test_burst_plan_budget_matches_the_cli_and_the_planner(
     )
 
 
+def test_write_concurrency_matches_the_cli_and_the_pool(
+    schema: dict[str, Any], values: dict[str, Any]
+) -> None:
+    from controller.allocation.writepool import DEFAULT_WRITE_CONCURRENCY, MAX_WRITE_CONCURRENCY
+
+    bounds = prop(schema, "controller.writeConcurrency")
+    assert (bounds["minimum"], bounds["maximum"]) == (1, controller_cmd.MAX_WRITE_CONCURRENCY)
+    assert controller_cmd.MAX_WRITE_CONCURRENCY == MAX_WRITE_CONCURRENCY
+    assert values["controller"]["writeConcurrency"] == controller_cmd.DEFAULT_WRITE_CONCURRENCY
+    assert controller_cmd.DEFAULT_WRITE_CONCURRENCY == DEFAULT_WRITE_CONCURRENCY
+
+
 def test_profile_pattern_is_the_allowlist_parsers(schema: dict[str, Any]) -> None:
     pattern = prop(schema, "deviceConfig.migProfileAllowlist.[].profiles.[]")["pattern"]
     assert pattern == PROFILE_NAME_PATTERN

@@ -84,6 +84,23 @@ class FakeApiServer:
             return
         del self.objects[resource][key]
         self.watch.append(Event(resource, "DELETED", obj=self._bump(copy.deepcopy(obj))))
+        if resource == "pods":
+            self._drop_reservations(obj)
+
+    def _drop_reservations(self, pod: Obj) -> None:
+        """What kube-controller-manager's resourceclaim controller does when a pod is gone: remove it
+        from `status.reservedFor` of the claims in its namespace."""
+        meta = pod["metadata"]
+        for claim in list(self.objects["resourceclaims"].values()):
+            status = claim.get("status") or {}
+            reserved = status.get("reservedFor") or []
+            if claim["metadata"].get("namespace") != meta.get("namespace") or not any(
+                r.get("uid") == meta.get("uid") for r in reserved
+            ):
+                continue
+            changed = copy.deepcopy(claim)
+            changed["status"]["reservedFor"] = [r for r in reserved if r.get("uid") != meta.get("uid")]
+            self.put_object("resourceclaims", changed)
 
     def lists(self) -> list[Event]:
         """A REPLACE per resource (what a fresh list returns)."""

@@ -41,7 +41,12 @@ class FlakyWriter(Writer):
         body["metadata"].setdefault("finalizers", []).append(FINALIZER)
         return self._put(body)
 
-    def write_allocation(self, claim: Mapping[str, Any], allocation: Mapping[str, Any] | None) -> Obj:
+    def write_allocation(
+        self,
+        claim: Mapping[str, Any],
+        allocation: Mapping[str, Any] | None,
+        reserve_for: Mapping[str, Any] | None = None,
+    ) -> Obj:
         if allocation is not None:
             self.writes += 1
             if self.writes == self.fail_on:

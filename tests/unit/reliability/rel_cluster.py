@@ -52,7 +52,12 @@ class RecordingWriter(Writer):
         self.writes.append(("protect", self._key(claim)))
         return copy.deepcopy(dict(claim))
 
-    def write_allocation(self, claim: Mapping[str, Any], allocation: Mapping[str, Any] | None) -> Obj:
+    def write_allocation(
+        self,
+        claim: Mapping[str, Any],
+        allocation: Mapping[str, Any] | None,
+        reserve_for: Mapping[str, Any] | None = None,
+    ) -> Obj:
         self.writes.append(("allocate" if allocation else "deallocate", self._key(claim)))
         body = copy.deepcopy(dict(claim))
         body.setdefault("status", {})["allocation"] = allocation
