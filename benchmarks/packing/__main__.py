@@ -238,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if movable_shares:
         parts.append(
             f"### Movable share, flexmig ({args.seeds} seeds x {args.pods} pods, first 20 % skipped; a "
-            "pod that fits nowhere gets room by moving movable pods, at most two, or is refused; moved "
+            "pod that fits nowhere gets room by moving movable pods (one per plan), or is refused; moved "
             "pods restart; the ceiling is the repacking bound in which only movable pods may move)\n\n"
             + moves.moves_table(args.seeds, args.pods, scenarios, loads, movable_shares)
         )

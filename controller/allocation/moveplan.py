@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from controller.allocation.preemptpods import Candidate
 from controller.state.ledger import Held
 
-MAX_MOVES = 2
+MAX_MOVES = 1
 MAX_FIT_TESTS = 256
 BUDGET_S = 1.0
 MAX_SETS_PER_SIZE = 4096  # sets of one size listed per node before ordering: a bound on memory, not tests

@@ -13,6 +13,8 @@ MOVE_WINDOW_S = 3600.0  # controller/allocation/moves.py MoveSettings (not impor
 MAX_MOVE_WINDOW_S = 7 * 24 * 3600.0
 MOVE_TIMEOUT_S = 300.0
 MIN_MOVE_TIMEOUT_S, MAX_MOVE_TIMEOUT_S = 10.0, 3600.0
+MOVE_MAX_PODS = 1  # controller/allocation/moveplan.py MAX_MOVES (not imported: see above)
+MOVE_MAX_PODS_LIMIT = 4
 _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
 
@@ -44,6 +46,13 @@ def add_move_flags(p: argparse.ArgumentParser) -> None:
         help=f"seconds a moved pod's destination stays reserved for its replacement after it ended, "
         f"{MIN_MOVE_TIMEOUT_S:g} to {MAX_MOVE_TIMEOUT_S:g} (default {MOVE_TIMEOUT_S:g})",
     )
+    p.add_argument(
+        "--move-max-pods",
+        type=int,
+        default=MOVE_MAX_PODS,
+        help=f"running pods one plan may move to make room for one waiting pod, 1 to "
+        f"{MOVE_MAX_PODS_LIMIT} (default {MOVE_MAX_PODS}; docs/moves.md, 'One move per plan')",
+    )
 
 
 def _namespaces(text: str) -> list[str]:
@@ -58,6 +67,8 @@ def validate_move_flags(args: argparse.Namespace) -> str | None:
         return f"--movable-namespaces: {', '.join(bad)} is not a namespace name"
     if not 0 <= args.move_window <= MAX_MOVE_WINDOW_S:  # NaN fails too
         return f"--move-window: {args.move_window} is not a number of seconds from 0 to {MAX_MOVE_WINDOW_S:g}"
+    if not 1 <= args.move_max_pods <= MOVE_MAX_PODS_LIMIT:
+        return f"--move-max-pods: {args.move_max_pods} is not a number from 1 to {MOVE_MAX_PODS_LIMIT}"
     if not MIN_MOVE_TIMEOUT_S <= args.move_timeout <= MAX_MOVE_TIMEOUT_S:
         return (
             f"--move-timeout: {args.move_timeout} is not a number of seconds from {MIN_MOVE_TIMEOUT_S:g} "
@@ -74,6 +85,7 @@ def move_settings(args: argparse.Namespace) -> MoveSettings:
         namespaces=frozenset(_namespaces(args.movable_namespaces)),
         window_s=args.move_window,
         timeout_s=args.move_timeout,
+        max_moves=args.move_max_pods,
     )
 
 

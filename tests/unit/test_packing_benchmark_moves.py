@@ -12,10 +12,14 @@ def test_with_no_movable_pod_nothing_changes_and_with_all_movable_more_is_accept
     scenario = online.SCENARIOS[0]
     stream = online.generate(scenario, 0.9, 300, 0)
     plain = online.run_policy(PackingPolicy(), scenario, stream)
-    none, made_none = moves.run_moves(scenario, stream, 0.0, 0)
-    assert made_none == 0 and (none.accepted, none.mib_accepted) == (plain.accepted, plain.mib_accepted)
-    every, made = moves.run_moves(scenario, stream, 1.0, 0)
+    none, made_none, planned_none = moves.run_moves(scenario, stream, 0.0, 0)
+    assert made_none == planned_none == 0 and (none.accepted, none.mib_accepted) == (
+        plain.accepted,
+        plain.mib_accepted,
+    )
+    every, made, planned = moves.run_moves(scenario, stream, 1.0, 0)
     assert made > 0 and every.mib_accepted > none.mib_accepted
+    assert 0 < planned <= made <= 2 * planned  # a plan moves one or two pods
 
 
 def test_only_movable_pods_are_moved_and_each_at_most_once_per_window() -> None:

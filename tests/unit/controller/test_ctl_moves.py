@@ -286,7 +286,7 @@ def test_an_unrelated_pod_is_not_taken_for_the_replacement() -> None:
 
 
 def test_only_pods_whose_going_makes_a_legal_placement_are_moved() -> None:
-    h, _ = harness()
+    h, _ = harness(max_moves=2)  # the default is one move per plan
     ev = Evictions(h)
     yes = {ANNOTATION_MOVABLE: "true"}
     # n1 full of 1g.5gb pods; 1, 2 and 3 are movable, 1 the youngest. A 2g.10gb starts at 0, 2 or 4:
