@@ -143,7 +143,7 @@ class KubeClaimApi:
             if exc.status == 404:
                 raise ClaimNotFound(f"ResourceClaim {namespace}/{name} not found") from exc
             raise
-        return claim_view_from_dict(self._to_dict(resp))
+        return claim_view_from_dict(raw_json(resp))
 
     def set_device_status(self, claim: ClaimView, devices: list[JsonDict]) -> None:
         """Replace this driver's entries in status.devices, keeping other drivers' entries.
@@ -157,7 +157,7 @@ class KubeClaimApi:
             except ApiException as exc:
                 if exc.status != 409:
                     raise
-        current = self._to_dict(
+        current = raw_json(
             self._resource.read_namespaced_resource_claim_status(
                 name=claim.name,
                 namespace=claim.namespace,
@@ -190,7 +190,7 @@ class KubeClaimApi:
 
     def get_pod(self, namespace: str, name: str) -> JsonDict | None:
         try:
-            return self._to_dict(
+            return raw_json(
                 self._core.read_namespaced_pod(
                     name=name, namespace=namespace, _request_timeout=REQUEST_TIMEOUT, _preload_content=False
                 )
@@ -218,6 +218,14 @@ class KubeClaimApi:
                 log.info("pod gone before its annotation could be written", namespace=namespace, pod=name)
                 return
             raise
+
+
+def raw_json(resp: Any) -> JsonDict:
+    """The JSON object of a `_preload_content=False` answer (the publisher's slices use it too)."""
+    data = json.loads(resp.data)
+    if not isinstance(data, dict):
+        raise TypeError(f"expected an object from the API server, got {type(data).__name__}")
+    return data
 
 
 def _drain(resp: Any) -> None:

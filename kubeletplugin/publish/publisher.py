@@ -38,7 +38,7 @@ from kubernetes.client.exceptions import ApiException
 from api.constants import DRIVER_NAME
 from driver.looprunner import LoopRunner
 from kubeletplugin.agent.metrics import NodeMetrics
-from kubeletplugin.kube.kubeapi import REQUEST_TIMEOUT
+from kubeletplugin.kube.kubeapi import REQUEST_TIMEOUT, raw_json
 from kubeletplugin.publish.slices import NodeSlices
 
 log = structlog.get_logger(__name__)
@@ -77,7 +77,6 @@ class SlicePublisher:
         verify_poll_s: float = DEFAULT_VERIFY_POLL_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._api_client = api_client
         self._resource = k8s.ResourceV1Api(api_client)
         self._node = node_name
         self._build = build
@@ -146,7 +145,7 @@ class SlicePublisher:
 
     def _existing(self) -> dict[str, dict[str, Any]]:
         selector = f"spec.nodeName={self._node},spec.driver={DRIVER_NAME}"
-        listed = _raw(
+        listed = raw_json(
             self._resource.list_resource_slice(
                 field_selector=selector, _request_timeout=REQUEST_TIMEOUT, _preload_content=False
             )
@@ -191,14 +190,14 @@ class SlicePublisher:
                 # Until this write's answer is read, the last sync's record is no longer true.
                 self._left = {}
                 if current is None:
-                    written = _raw(
+                    written = raw_json(
                         self._resource.create_resource_slice(
                             body=body, _request_timeout=REQUEST_TIMEOUT, _preload_content=False
                         )
                     )
                 else:
                     body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-                    written = _raw(
+                    written = raw_json(
                         self._resource.replace_resource_slice(
                             name=published.name,
                             body=body,
@@ -228,11 +227,3 @@ class SlicePublisher:
             self._syncs += 1
             self._synced.notify_all()
         return not unchanged
-
-
-def _raw(resp: Any) -> dict[str, Any]:
-    """The JSON body of a `_preload_content=False` answer."""
-    data = json.loads(resp.data)
-    if not isinstance(data, dict):
-        raise TypeError(f"expected an object from the API server, got {type(data).__name__}")
-    return data
