@@ -232,8 +232,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parts.append(
             f"### Priority mix, flexmig ({args.seeds} seeds x {args.pods} pods, first 20 % skipped; a pod "
             f"that does not fit waits up to {priority.PATIENCE:g} (mean lifetime {online.MEAN_LIFETIME:g}); "
-            "evicted pods restart from the beginning)\n\n"
-            + priority.priority_table(args.seeds, args.pods, scenarios, loads, high_shares)
+            "evicted pods restart from the beginning; with --movable-shares, per share too, moves tried "
+            "after preemption)\n\n"
+            + priority.priority_table(
+                args.seeds, args.pods, scenarios, loads, high_shares, movable_shares or (0.0,)
+            )
         )
     if movable_shares:
         parts.append(

@@ -1,7 +1,7 @@
 """The ceiling per movable share: the repacking bound in which only movable pods may move.
 
 driver/policy/pinned.py `PinnedBound` on the streams of online.py, with the same movable pods as
-moves.py's run (`movable_flags` draws them exactly as `MoveSim` does) and the same HiGHS program as
+moves.py's run (`movable_flags` draws them exactly as moves.py's `arrivals` does) and the same HiGHS program as
 online.py's `run_bound`, so the two bounds differ only in which pods are pinned. Pods are placed, while nobody has to move,
 by flexmig's policy on the real nodes (build_cluster's GPU names).
 """
@@ -19,7 +19,7 @@ from .online import Outcome, Pod, Scenario, catalogs_of, stream
 
 
 def movable_flags(pods: Sequence[Pod], share: float, seed: int) -> dict[str, bool]:
-    """Which pods are movable: moves.py's `MoveSim` draws one number per pod, in arrival order."""
+    """Which pods are movable: one draw per pod in arrival order, as moves.py's `arrivals`."""
     rng = random.Random(f"moves/{share}/{seed}")
     return {pod.name: rng.random() < share for pod in pods}
 

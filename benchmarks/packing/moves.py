@@ -1,6 +1,7 @@
 """Movable share, online: what moving movable pods (docs/moves.md) does for acceptance.
 
-The streams of online.py, flexmig's packing policy, a seeded share of the pods movable (`SHARES`). A pod
+The streams of online.py, flexmig's packing policy, a seeded share of the pods movable (`SHARES`), run
+by flexmig/simulation/room.py (the engine `flexmig simulate --movable-share` uses too). A pod
 that fits nowhere is refused as in online.py, unless a move plan exists: the controller's own search
 (controller/allocation/moveplan.py `plan_moves`: fewest moves, at most `MAX_MOVES` (1), the youngest pods first)
 with each test made by the policy on a copy of the cluster (the pod's placement on one node with the
@@ -19,17 +20,10 @@ the ceiling in MiB-weighted points, refusals of the two largest sizes and of the
 
 from __future__ import annotations
 
-import heapq
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from controller.allocation.moveplan import Destination, MovePlan, plan_moves
-from controller.allocation.preemptpods import Candidate
-from controller.state.ledger import Held
-from driver.policy.allocator import PackingPolicy
-from driver.policy.cluster import ClusterState
-from driver.policy.model import Choice, DeviceRequest, GpuState
+from flexmig.simulation.room import Arrival, RoomOutcome, RoomRules, RoomSim
 
 from .ceiling import run_ceiling
 from .online import MEAN_LIFETIME, Outcome, Pod, Scenario, build_cluster, generate, run_bound
@@ -37,129 +31,21 @@ from .online import MEAN_LIFETIME, Outcome, Pod, Scenario, build_cluster, genera
 SHARES = (0.0, 0.25, 0.5, 1.0)
 MIN_REMAINING = 0.25 * MEAN_LIFETIME  # the controller's 600 s, in the streams' time units
 WINDOW = MEAN_LIFETIME
+RULES = RoomRules(moves=True, min_remaining=MIN_REMAINING, window=WINDOW)
 
 
-@dataclass(slots=True)
-class _Running:
-    pod: Pod
-    movable: bool
-    choices: tuple[Choice, ...]
-    started: float
-    end: float
-    moved_at: float = -1e18
+def arrivals(pods: Sequence[Pod], share: float, seed: int) -> list[Arrival]:
+    """The stream with `share` of its pods movable: one draw per pod in arrival order (ceiling.py's
+    `movable_flags` draws the same)."""
+    rng = random.Random(f"moves/{share}/{seed}")
+    return [Arrival(p.name, p.arrival, p.lifetime, p.sizes, movable=rng.random() < share) for p in pods]
 
 
-def _key(c: Choice) -> Held:
-    return (str(c.gpu), f"{c.profile.name}@{c.start}")
-
-
-class MoveSim:
-    def __init__(self, scenario: Scenario, share: float, seed: int) -> None:
-        self.cluster = build_cluster(scenario)
-        self.policy = PackingPolicy()
-        self.rng = random.Random(f"moves/{share}/{seed}")
-        self.share = share
-        self.running: dict[str, _Running] = {}
-        self.leaving: list[tuple[float, str]] = []
-        self.moves = 0
-        self.plans = 0  # pods placed by a plan: accepted thanks to moves
-        self.choices: dict[Held, Choice] = {}
-
-    def _requests(self, pod: Pod) -> list[DeviceRequest]:
-        return [DeviceRequest(f"d{i}", s) for i, s in enumerate(pod.sizes)]
-
-    def _copy(
-        self, refs: set[object] | None, gone: Sequence[Candidate], taken: Sequence[Choice]
-    ) -> ClusterState:
-        gpus = []
-        for state in self.cluster.gpus():
-            if refs is not None and state.ref not in refs:
-                continue
-            occ = state.occupancy
-            for c in (c for g in gone for c in self.running[g.key].choices if c.gpu == state.ref):
-                occ = occ.remove(c.profile, c.start)
-            for c in (c for c in taken if c.gpu == state.ref):
-                occ = occ.place(c.profile, c.start)
-            gpus.append(GpuState(state.ref, state.catalog, occ))
-        return ClusterState(gpus)
-
-    def _run(self, run: _Running, now: float, choices: tuple[Choice, ...]) -> None:
-        self.cluster.commit(choices)
-        run.choices, run.started, run.end = choices, now, now + run.pod.lifetime
-        self.running[run.pod.name] = run
-        heapq.heappush(self.leaving, (run.end, run.pod.name))
-
-    def drain(self, now: float) -> None:
-        while self.leaving and self.leaving[0][0] <= now:
-            end, name = heapq.heappop(self.leaving)
-            run = self.running.get(name)
-            if run is None or run.end != end:
-                continue  # moved meanwhile: it ends later
-            del self.running[name]
-            for c in run.choices:
-                self.cluster.release(c.gpu, c.profile, c.start)
-
-    def admit(self, pod: Pod, now: float) -> bool:
-        run = _Running(pod, self.rng.random() < self.share, (), now, now)
-        placement = self.policy.place(self.cluster, self._requests(pod))
-        if placement.ok:
-            self._run(run, now, tuple(placement.choices))
-            return True
-        plan = self._plan(pod, now)
-        if plan is None:
-            return False
-        return self._carry_out(run, plan, now)
-
-    def _plan(self, pod: Pod, now: float) -> MovePlan | None:
-        by_node: dict[str, list[Candidate]] = {}
-        ages: dict[str, float] = {}
-        for name, r in self.running.items():
-            if not r.movable or r.end - now < MIN_REMAINING or now - r.moved_at < WINDOW:
-                continue
-            node = r.choices[0].gpu.node
-            if any(c.gpu.node != node for c in r.choices):
-                continue
-            by_node.setdefault(node, []).append(Candidate(name, name, node, 0, "", (name,)))
-            ages[name] = now - r.started
-
-        def room(node: str, gone: Sequence[Candidate]) -> frozenset[Held] | None:
-            refs: set[object] = {s.ref for s in self.cluster.node_gpus(node)}
-            placed = self.policy.place(self._copy(refs, gone, ()), self._requests(pod))
-            if not placed.ok:
-                return None
-            self.choices.update({_key(c): c for c in placed.choices})
-            return frozenset(_key(c) for c in placed.choices)
-
-        def homes(target: frozenset[Held], gone: Sequence[Candidate]) -> tuple[Destination, ...] | None:
-            taken = [self.choices[k] for k in target]
-            found = []
-            for g in gone:
-                cluster = self._copy(None, gone, taken)
-                placed = self.policy.place(cluster, self._requests(self.running[g.key].pod))
-                if not placed.ok:
-                    return None
-                taken += placed.choices
-                self.choices.update({_key(c): c for c in placed.choices})
-                found.append(
-                    Destination(placed.choices[0].gpu.node, frozenset(_key(c) for c in placed.choices))
-                )
-            return tuple(found)
-
-        return plan_moves(by_node, ages, room, homes)
-
-    def _carry_out(self, run: _Running, plan: MovePlan, now: float) -> bool:
-        for cand, _ in plan.moves:
-            for c in self.running[cand.key].choices:
-                self.cluster.release(c.gpu, c.profile, c.start)
-        self._run(run, now, tuple(self.choices[k] for k in plan.target))
-        for cand, dest in plan.moves:
-            moved = self.running[cand.key]
-            moved.moved_at = now
-            self._run(moved, now, tuple(self.choices[k] for k in dest.devices))  # restarts: work lost
-            self.moves += 1
-        self.plans += 1
-        self.choices.clear()
-        return True
+def as_outcome(got: RoomOutcome, name: str) -> Outcome:
+    out = Outcome(name, got.pods, got.placed, got.mib_asked, got.mib_placed)
+    out.refused_by_size.update(got.refused_by_size)
+    out.asked_by_size.update(got.asked_by_size)
+    return out
 
 
 def run_moves(
@@ -167,27 +53,12 @@ def run_moves(
 ) -> tuple[Outcome, int, int]:
     """flexmig with `share` of the pods movable: the outcome, the moves made after warm-up, and the pods
     placed by a plan after warm-up (each of them fit nowhere without its moves)."""
-    sim = MoveSim(scenario, share, seed)
-    out = Outcome(f"flexmig, {share:.0%} movable")
+    sim = RoomSim(build_cluster(scenario), RULES)
     skip = int(len(pods) * warmup)
-    moves_before = plans_before = 0
-    for n, pod in enumerate(pods):
-        sim.drain(pod.arrival)
-        if n == skip:
-            moves_before, plans_before = sim.moves, sim.plans
-        ok = sim.admit(pod, pod.arrival)
-        if n < skip:
-            continue
-        mib = sum(pod.sizes)
-        out.pods += 1
-        out.mib_asked += mib
-        out.asked_by_size[pod.sizes[0]] += 1
-        if ok:
-            out.accepted += 1
-            out.mib_accepted += mib
-        else:
-            out.refused_by_size[pod.sizes[0]] += 1
-    return out, sim.moves - moves_before, sim.plans - plans_before
+    for n, arrival in enumerate(arrivals(pods, share, seed)):
+        sim.arrive(arrival, counted=n >= skip)
+    sim.finish()
+    return as_outcome(sim.out, f"flexmig, {share:.0%} movable"), sim.out.moves, sim.out.plans
 
 
 def _refused(out: Outcome, sizes: Sequence[int]) -> float:
@@ -235,4 +106,4 @@ def moves_table(
     return "\n".join(lines)
 
 
-__all__ = ["MIN_REMAINING", "SHARES", "WINDOW", "MoveSim", "moves_table", "run_moves"]
+__all__ = ["MIN_REMAINING", "RULES", "SHARES", "WINDOW", "arrivals", "as_outcome", "moves_table", "run_moves"]

@@ -19,7 +19,16 @@ from driver.policy.allocator import FirstFitPolicy, PackingPolicy, Policy
 from driver.policy.hami import HamiPolicy
 from driver.policy.hami_scored import HamiScoredPolicy
 from flexmig.cliargs import UsageError, int_in
-from flexmig.simulation import bound_run, export, html_report, report, runner, workload
+from flexmig.simulation import (
+    bound_run,
+    export,
+    html_report,
+    report,
+    room_report,
+    room_run,
+    runner,
+    workload,
+)
 
 _POLICIES: dict[
     str, type[PackingPolicy] | type[FirstFitPolicy] | type[HamiPolicy] | type[HamiScoredPolicy]
@@ -35,6 +44,7 @@ DEFAULT_MODELS = "A100-40GB,H100-80GB,A100-80GB,H200-141GB"
 MAX_NODES = 1000
 MAX_GPUS_PER_NODE = 16
 MAX_PODS = 1_000_000
+MAX_SHARES = 8  # values per share list: each is a run of its own
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -77,6 +87,26 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=",".join(_CHOICES),
         help=f"comma-separated policies to compare: {', '.join(_CHOICES)} (default all)",
     )
+    parser.add_argument(
+        "--movable-share",
+        default="",
+        metavar="SHARES",
+        help=(
+            "comma-separated shares of movable pods, each 0..1 (e.g. 0,0.25,0.5,1): per share, flexmig "
+            "moving movable pods to make room (docs/moves.md), beside the ceiling of that share "
+            f"(default: none; at most {MAX_SHARES})"
+        ),
+    )
+    parser.add_argument(
+        "--priority-mix",
+        default="",
+        metavar="SHARES",
+        help=(
+            "comma-separated shares of high-priority pods, each above 0 and below 1 (e.g. 0.1,0.25): per "
+            "share (and per --movable-share), flexmig with priority preemption off and on "
+            f"(docs/preemption.md; default: none; at most {MAX_SHARES})"
+        ),
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument(
         "--json",
@@ -100,6 +130,28 @@ def _parse_list(value: str, field: str, allowed: list[str]) -> list[str]:
         if item not in allowed:
             raise UsageError(f"--{field}: unknown value {item!r}; allowed values: {', '.join(allowed)}")
     return items
+
+
+def parse_shares(value: str, flag: str, *, open_ends: bool) -> list[float]:
+    """`--movable-share` (0..1) or `--priority-mix` (above 0, below 1): distinct numbers, at most
+    `MAX_SHARES`; "" is no share at all."""
+    allowed = "numbers above 0 and below 1" if open_ends else "numbers from 0 to 1"
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    if len(items) > MAX_SHARES:
+        raise UsageError(f"--{flag}: {len(items)} values; at most {MAX_SHARES}, each one of {allowed}")
+    shares: list[float] = []
+    for item in items:
+        try:
+            share = float(item)
+        except ValueError:
+            raise UsageError(f"--{flag}: {item!r} is not a number; allowed: {allowed}") from None
+        inside = 0 < share < 1 if open_ends else 0 <= share <= 1
+        if not inside:  # NaN fails both comparisons
+            raise UsageError(f"--{flag}: {item!r} is out of range; allowed: {allowed}")
+        if share in shares:
+            raise UsageError(f"--{flag}: {item!r} is given twice")
+        shares.append(share)
+    return shares
 
 
 def _parse_models(value: str) -> list[str]:
@@ -163,6 +215,8 @@ def _silence_highs_banner() -> None:
 def run(args: argparse.Namespace) -> int:
     models = _parse_models(args.models)
     policy_names = _parse_list(args.policy, "policy", _CHOICES)
+    movable_shares = parse_shares(args.movable_share, "movable-share", open_ends=False)
+    high_shares = parse_shares(args.priority_mix, "priority-mix", open_ends=True)
     if args.report is not None:
         check_report_dir(args.report)
     pods = workload.generate(args.pods, args.seed)
@@ -181,12 +235,15 @@ def run(args: argparse.Namespace) -> int:
         else:
             policy: Policy = _POLICIES[name]()
             results.append(runner.run(policy, nodes, pods, progress=progress))
+    rooms = room_run.run_rows(nodes, pods, args.seed, movable_shares, high_shares, progress)
     memory_slices = runner.memory_slices(nodes)
-    document = export.document(nodes, args.seed, memory_slices, results)
+    making_room = room_report.document(rooms) if rooms else None
+    document = export.document(nodes, args.seed, memory_slices, results, making_room)
     text = report.summary(nodes, len(pods), args.seed, results)
     if args.report is not None:
         try:
-            written = html_report.write(args.report, document, text)
+            page_text = f"{text}\n\n{room_report.render(rooms)}" if rooms else text
+            written = html_report.write(args.report, document, page_text)
         except OSError as exc:
             raise UsageError(f"--report: cannot write to {args.report}: {exc}") from None
         if progress is not None:
@@ -201,6 +258,9 @@ def run(args: argparse.Namespace) -> int:
     print("Refused per request size (share of the pods of that size):")
     print(report.render_sizes(results))
     print()
+    if rooms:
+        print(room_report.render(rooms))
+        print()
     print(
         "Every placement was created and destroyed through NVML (simulator); the bound is not a policy:\n"
         "it may move running slices at each arrival, so no real rule can accept much more."

@@ -19,6 +19,13 @@ gets a new `schema` value (README.md, "What `flexmig simulate` does", points her
   memory in use], at most 200 points), `final_slice_map` (list of {`gpu`, `model`, `memory_slices`,
   `instances`: list of {`profile`, `start`, `size`}}: the GPUs when the last pod arrived; empty for
   the bound)
+- `making_room`: null unless `--movable-share` or `--priority-mix` was given; else one object per row of
+  flexmig/simulation/room_run.py, each with `movable_share`, `high_share` (0 for the movable rows,
+  where a pod that fits nowhere is refused at once), `preemption`, `pods`, `accepted`, `acceptance`,
+  `memory_acceptance`, `ceiling` ({`acceptance`, `memory_acceptance`} of the repacking bound in which
+  only the movable pods may move; null for the priority rows), `refused_by_size` (as above), `high`
+  ({`pods`, `placed`, `wait_mean`, `wait_p95`}: high-priority pods, waits in the stream's time units),
+  `low` ({`pods`, `placed`}), `moves`, `pods_placed_by_a_plan`, `evictions`, `gi_created`, `gi_leaked`
 """
 
 from __future__ import annotations
@@ -98,7 +105,11 @@ def _result(r: RunResult, bound: RunResult | None) -> dict[str, Any]:
 
 
 def document(
-    nodes: Sequence[NodeSpec], seed: int, memory_slices: int, results: Sequence[RunResult]
+    nodes: Sequence[NodeSpec],
+    seed: int,
+    memory_slices: int,
+    results: Sequence[RunResult],
+    making_room: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     bound = next((r for r in results if r.policy == BOUND_NAME), None)
     first = results[0] if results else None
@@ -118,4 +129,5 @@ def document(
             else [],
         },
         "results": [_result(r, bound) for r in results],
+        "making_room": making_room,
     }

@@ -106,7 +106,7 @@ def _row(r: RunResult, bound: RunResult | None, reasons: Sequence[str]) -> list[
     ]
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(headers)]
     lines = [
         "  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True)),
@@ -136,7 +136,7 @@ def render(results: Sequence[RunResult]) -> str:
         "p99 ms",
     ]
     bound = _bound(results)
-    return _table(headers, [_row(r, bound, reasons) for r in results])
+    return table(headers, [_row(r, bound, reasons) for r in results])
 
 
 def render_sizes(results: Sequence[RunResult]) -> str:
@@ -158,4 +158,4 @@ def render_sizes(results: Sequence[RunResult]) -> str:
         ]
         for size in sizes
     ]
-    return _table(headers, rows)
+    return table(headers, rows)

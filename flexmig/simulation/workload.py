@@ -18,6 +18,9 @@ DEFAULT_MIX: tuple[tuple[int, float], ...] = (
 )
 
 
+MEAN_DURATION = 40.0  # a pod's mean lifetime, in the stream's time units (mean gap between arrivals: 1)
+
+
 @dataclass(frozen=True, slots=True)
 class PodSpec:
     name: str
@@ -43,5 +46,5 @@ def generate(count: int, seed: int, mix: tuple[tuple[int, float], ...] = DEFAULT
         memory = rng.choices(sizes, weights)[0]
         # One pod in ten asks for two devices (the guide's `nvidia.com/gpu: 2` example).
         devices = 2 if rng.random() < 0.1 and memory <= 20000 else 1
-        pods.append(PodSpec(f"pod-{i:05d}", now, rng.expovariate(1.0 / 40.0), memory, devices))
+        pods.append(PodSpec(f"pod-{i:05d}", now, rng.expovariate(1.0 / MEAN_DURATION), memory, devices))
     return pods

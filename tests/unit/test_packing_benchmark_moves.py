@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 from benchmarks.packing import ceiling, moves, online
+from controller.allocation.moveplan import MovePlan
 from driver.policy.allocator import PackingPolicy
+from flexmig.simulation.room import RoomSim
 
 
 def test_with_no_movable_pod_nothing_changes_and_with_all_movable_more_is_accepted() -> None:
@@ -24,21 +27,21 @@ def test_with_no_movable_pod_nothing_changes_and_with_all_movable_more_is_accept
 
 def test_only_movable_pods_are_moved_and_each_at_most_once_per_window() -> None:
     scenario = online.SCENARIOS[0]
-    sim = moves.MoveSim(scenario, 0.5, 0)
+    sim = RoomSim(online.build_cluster(scenario), moves.RULES)
     moved_at: dict[str, list[float]] = {}
-    carry_out = sim._carry_out
+    plan = sim._plan
 
-    def watched(run: moves._Running, plan: moves.MovePlan, now: float) -> bool:
-        for cand, _ in plan.moves:
-            assert sim.running[cand.key].movable
+    def watched(job: Any, now: float) -> MovePlan | None:
+        found = plan(job, now)
+        for cand, _ in found.moves if found else ():
+            assert sim.running[cand.key].pod.movable
             assert sim.running[cand.key].end - now >= moves.MIN_REMAINING
             moved_at.setdefault(cand.key, []).append(now)
-        return carry_out(run, plan, now)
+        return found
 
-    sim._carry_out = watched  # type: ignore[method-assign]
-    for pod in online.generate(scenario, 1.0, 300, 1):
-        sim.drain(pod.arrival)
-        sim.admit(pod, pod.arrival)
+    sim._plan = watched  # type: ignore[method-assign]
+    for arrival in moves.arrivals(online.generate(scenario, 1.0, 300, 1), 0.5, 0):
+        sim.arrive(arrival, counted=True)
     assert moved_at
     for times in moved_at.values():
         assert all(b - a >= moves.WINDOW for a, b in itertools.pairwise(times))
@@ -51,18 +54,10 @@ def test_the_table_has_a_row_per_share() -> None:
 
 
 def test_the_ceiling_uses_the_movable_pods_of_the_moves_run() -> None:
-    scenario = online.SCENARIOS[0]
-    stream = online.generate(scenario, 0.9, 120, 2)
-    sim = moves.MoveSim(scenario, 0.5, 2)
-    drawn = {}
-    for pod in stream:
-        sim.drain(pod.arrival)
-        sim.admit(pod, pod.arrival)
-        if pod.name in sim.running:
-            drawn[pod.name] = sim.running[pod.name].movable
+    stream = online.generate(online.SCENARIOS[0], 0.9, 120, 2)
+    drawn = {a.name: a.movable for a in moves.arrivals(stream, 0.5, 2)}
     flags = ceiling.movable_flags(stream, 0.5, 2)
-    assert drawn and all(flags[name] == movable for name, movable in drawn.items())
-    assert 0 < sum(flags.values()) < len(flags)
+    assert drawn == flags and 0 < sum(flags.values()) < len(flags)
 
 
 def test_the_ceiling_is_the_full_bound_with_all_movable_and_flexmig_with_none() -> None:

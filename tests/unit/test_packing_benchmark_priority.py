@@ -19,4 +19,16 @@ def test_preemption_places_more_high_priority_pods_and_only_evicts_when_on() -> 
 def test_the_table_has_a_row_per_share_and_switch() -> None:
     text = priority.priority_table(1, 80, [online.SCENARIOS[0]], [0.9], [0.1])
     rows = [line for line in text.splitlines() if line.startswith("| single-8")]
-    assert [r.split(" | ")[3] for r in rows] == ["off", "on"]
+    assert [r.split(" | ")[3:5] for r in rows] == [["0%", "off"], ["0%", "on"]]
+
+
+def test_with_movable_pods_moves_join_preemption_and_high_pods_still_preempt() -> None:
+    scenario = online.SCENARIOS[0]
+    stream = online.generate(scenario, 1.1, 300, 0)
+    plain = priority.run_priority(scenario, stream, 0.25, 0, preemption=True)
+    both = priority.run_priority(scenario, stream, 0.25, 0, preemption=True, movable_share=1.0)
+    assert plain.moves == 0 < both.moves and both.evictions_all > 0
+    assert (both.high, both.low) == (plain.high, plain.low)  # the same pods, the same priorities
+    text = priority.priority_table(1, 80, [scenario], [0.9], [0.1], [0.0, 1.0])
+    rows = [line.split(" | ")[3:5] for line in text.splitlines() if line.startswith("| single-8")]
+    assert rows == [["0%", "off"], ["0%", "on"], ["100%", "off"], ["100%", "on"]]

@@ -137,7 +137,8 @@ def test_json_is_one_document_with_the_documented_schema(capsys: pytest.CaptureF
     captured = capsys.readouterr()
     doc = json.loads(captured.out)  # stdout holds nothing else
     assert doc["schema"] == "flexmig.simulate/v1"
-    assert set(doc) == {"schema", "cluster", "workload", "results"}
+    assert set(doc) == {"schema", "cluster", "workload", "results", "making_room"}
+    assert doc["making_room"] is None  # neither --movable-share nor --priority-mix
     assert doc["cluster"]["gpus"] == 4 and doc["cluster"]["nodes"][1]["gpus"] == ["H100-80GB"] * 2
     assert doc["workload"]["pods"] == 40 and sum(s["pods"] for s in doc["workload"]["sizes"]) == 40
     assert [r["policy"] for r in doc["results"]] == ["flexmig", "first-fit", "hami", "hami-2855", "bound"]
