@@ -8,20 +8,20 @@ by flexmig's policy on the real nodes (build_cluster's GPU names).
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 
 from driver.policy.model import GpuRef
 from driver.policy.pinned import PinnedBound
+from flexmig.simulation.room import draw
 
 from .mip import MipProgram
 from .online import Outcome, Pod, Scenario, catalogs_of, stream
 
 
 def movable_flags(pods: Sequence[Pod], share: float, seed: int) -> dict[str, bool]:
-    """Which pods are movable: one draw per pod in arrival order, as moves.py's `arrivals`."""
-    rng = random.Random(f"moves/{share}/{seed}")
-    return {pod.name: rng.random() < share for pod in pods}
+    """Which pods are movable: room.py's `draw`, as moves.py's `arrivals`."""
+    drawn = draw(((p.name, p.arrival, p.lifetime, p.sizes) for p in pods), seed, share, 0.0)
+    return {a.name: a.movable for a in drawn}
 
 
 def run_ceiling(

@@ -20,10 +20,9 @@ the ceiling in MiB-weighted points, refusals of the two largest sizes and of the
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 
-from flexmig.simulation.room import Arrival, RoomOutcome, RoomRules, RoomSim
+from flexmig.simulation.room import Arrival, RoomOutcome, RoomRules, RoomSim, draw
 
 from .ceiling import run_ceiling
 from .online import MEAN_LIFETIME, Outcome, Pod, Scenario, build_cluster, generate, run_bound
@@ -35,10 +34,9 @@ RULES = RoomRules(moves=True, min_remaining=MIN_REMAINING, window=WINDOW)
 
 
 def arrivals(pods: Sequence[Pod], share: float, seed: int) -> list[Arrival]:
-    """The stream with `share` of its pods movable: one draw per pod in arrival order (ceiling.py's
-    `movable_flags` draws the same)."""
-    rng = random.Random(f"moves/{share}/{seed}")
-    return [Arrival(p.name, p.arrival, p.lifetime, p.sizes, movable=rng.random() < share) for p in pods]
+    """The stream with `share` of its pods movable (room.py `draw`; ceiling.py's `movable_flags` draws
+    the same)."""
+    return draw(((p.name, p.arrival, p.lifetime, p.sizes) for p in pods), seed, share, 0.0)
 
 
 def as_outcome(got: RoomOutcome, name: str) -> Outcome:

@@ -19,11 +19,10 @@ and evictions per 100 high-priority pods.
 
 from __future__ import annotations
 
-import random
 import statistics
 from collections.abc import Sequence
 
-from flexmig.simulation.room import HIGH, LOW, Arrival, RoomOutcome, RoomRules, run_room
+from flexmig.simulation.room import Arrival, RoomOutcome, RoomRules, draw, run_room
 
 from .moves import MIN_REMAINING, WINDOW
 from .online import Pod, Scenario, build_cluster, generate
@@ -33,21 +32,9 @@ PATIENCE = 20.0
 
 
 def arrivals(pods: Sequence[Pod], high_share: float, seed: int, movable_share: float = 0.0) -> list[Arrival]:
-    """The stream with `high_share` of its pods high priority and `movable_share` movable: one draw per
-    pod and kind in arrival order (the movable ones are moves.py's, so its ceiling applies)."""
-    high = random.Random(f"priority/{high_share}/{seed}")
-    movable = random.Random(f"moves/{movable_share}/{seed}")
-    return [
-        Arrival(
-            p.name,
-            p.arrival,
-            p.lifetime,
-            p.sizes,
-            priority=HIGH if high.random() < high_share else LOW,
-            movable=movable.random() < movable_share,
-        )
-        for p in pods
-    ]
+    """The stream with `high_share` of its pods high priority and `movable_share` movable (room.py
+    `draw`: the movable ones are moves.py's, so its ceiling applies)."""
+    return draw(((p.name, p.arrival, p.lifetime, p.sizes) for p in pods), seed, movable_share, high_share)
 
 
 def run_priority(

@@ -24,8 +24,9 @@ limits on moves, the time a restart takes.
 from __future__ import annotations
 
 import heapq
+import random
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -48,6 +49,30 @@ class Arrival:
     sizes: tuple[int, ...]  # MiB per device
     priority: int = LOW
     movable: bool = False
+
+
+def draw(
+    pods: Iterable[tuple[str, float, float, tuple[int, ...]]],
+    seed: int,
+    movable_share: float,
+    high_share: float,
+) -> list[Arrival]:
+    """Arrivals from (name, arrival, lifetime, sizes), `movable_share` of them movable and `high_share`
+    high priority: one seeded draw per pod and kind, in arrival order, so one share's movable pods are
+    the same in every run of a seed (the ceiling's, the movable table's, the priority table's)."""
+    movable = random.Random(f"moves/{movable_share}/{seed}")
+    high = random.Random(f"priority/{high_share}/{seed}")
+    return [
+        Arrival(
+            name,
+            arrival,
+            lifetime,
+            sizes,
+            priority=HIGH if high.random() < high_share else LOW,
+            movable=movable.random() < movable_share,
+        )
+        for name, arrival, lifetime, sizes in pods
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -391,4 +416,4 @@ def run_room(
     return sim.out
 
 
-__all__ = ["HIGH", "LOW", "Arrival", "Realizer", "RoomOutcome", "RoomRules", "RoomSim", "run_room"]
+__all__ = ["HIGH", "LOW", "Arrival", "Realizer", "RoomOutcome", "RoomRules", "RoomSim", "draw", "run_room"]

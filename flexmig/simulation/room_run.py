@@ -21,7 +21,6 @@ controller), nor one moved within a lifetime.
 from __future__ import annotations
 
 import heapq
-import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -31,7 +30,7 @@ from driver.policy.model import Choice, GpuRef
 from driver.policy.pinned import PinnedBound, ProgramFactory
 from flexmig.simulation import fit_highs
 from flexmig.simulation.fit_search import SearchProgram
-from flexmig.simulation.room import HIGH, LOW, Arrival, RoomOutcome, RoomRules, run_room
+from flexmig.simulation.room import Arrival, RoomOutcome, RoomRules, draw, run_room
 from flexmig.simulation.runner import NodeSpec, Realized, SimulatedCluster
 from flexmig.simulation.workload import MEAN_DURATION, PodSpec
 
@@ -72,21 +71,14 @@ class NvmlRealizer:
 
 
 def arrivals(pods: Sequence[PodSpec], seed: int, movable_share: float, high_share: float) -> list[Arrival]:
-    """The stream with seeded draws, one per pod and kind in arrival order, so a share's movable pods
-    are the same in its ceiling and in every priority row."""
-    movable = random.Random(f"movable/{movable_share}/{seed}")
-    high = random.Random(f"priority/{high_share}/{seed}")
-    return [
-        Arrival(
-            p.name,
-            p.arrival,
-            p.duration,
-            (p.memory_mib,) * p.devices,
-            priority=HIGH if high.random() < high_share else LOW,
-            movable=movable.random() < movable_share,
-        )
-        for p in pods
-    ]
+    """The stream with seeded draws (room.py `draw`), so a share's movable pods are the same in its
+    ceiling and in every priority row."""
+    return draw(
+        ((p.name, p.arrival, p.duration, (p.memory_mib,) * p.devices) for p in pods),
+        seed,
+        movable_share,
+        high_share,
+    )
 
 
 def _realized_run(
