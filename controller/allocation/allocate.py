@@ -147,7 +147,8 @@ class PodAllocation(PodWriting):
                 excluded = node_ok.summary()  # says why nodes with room did not count, if any
                 parts = [decision.message] + ([f"excluded for this pod: {excluded}"] if excluded else [])
                 message = "; ".join(p for p in parts if p)
-                self._await_writes(None)  # victims are chosen on what every write in flight left
+                if self.preemption.will_search(pod, decision):
+                    self._await_writes(None)  # victims are chosen on what every write in flight left
                 preempting = self.preemption.preempt(self, pod, todo, node_ok, hint, decision)
                 if preempting is not None:  # controller/allocation/preempt.py wrote the Events
                     self._unplaced(pod, pending, "Preempting", f"{message}; {preempting}", warn=False)

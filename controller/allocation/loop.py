@@ -322,6 +322,7 @@ class Controller(PodAllocation, ClaimChecks):
         self.metrics.unsettled_writes.set(len(self.uncertain))
         if leading and self.writer is not None:
             self.preemption.start_step(self.ledger, self.cache["pods"], self.writer)  # holds first
+            self.dirty |= self.preemption.budget.due() & self.pending.keys()  # searches put off
             order = self._decision_order()
             planned = self.bursts.plan(
                 self.placer,

@@ -35,6 +35,7 @@ from controller.allocation.moves import Moves
 from controller.allocation.nominate import HOLD_S, Nomination, Nominations
 from controller.allocation.preemptpods import Candidate, candidates_by_node, may_preempt, priority
 from controller.allocation.preemptsearch import VictimSet, victim_sets
+from controller.allocation.searchbudget import SearchBudget
 from controller.claims.candidates import CandidateIndex
 from controller.kube.outcome import Outcome, write_outcome
 from controller.kube.store import object_key
@@ -79,8 +80,10 @@ class Preemption:
         enabled: bool = True,
         hold_s: float = HOLD_S,
         moves: Moves | None = None,
+        budget: SearchBudget | None = None,
     ) -> None:
         self.enabled = enabled
+        self.budget = budget or SearchBudget()
         self.nominations = Nominations(hold_s)
         # Moving movable pods (controller/allocation/moves.py): tried when preemption finds nothing;
         # it reserves the waiting pod's placement with the same nominations. Off unless configured.
@@ -101,6 +104,14 @@ class Preemption:
             "Pods for which the controller evicted lower-priority pods (or nominated).",
             **kw,
         )
+        self.searches = Counter(
+            "flexmig_preemption_searches",
+            "Searches for room (preemption, then moves) for pods that fit nowhere, by result: found, "
+            "nothing, or put off (the pod's last search found nothing less than 5 s ago, or the step's "
+            "1 s of searching is spent; controller/allocation/searchbudget.py).",
+            ["result"],
+            **kw,
+        )
         self.expired = Counter(
             "flexmig_preemption_nominations_expired",
             "Nominations that ended without the preemptor being placed (held devices given back).",
@@ -113,6 +124,7 @@ class Preemption:
         self, ledger: Ledger, pods: Mapping[str, Mapping[str, Any]], writer: Writer | None = None
     ) -> None:
         now = time.monotonic()
+        self.budget.start_step()
         live = (str((p.get("metadata") or {}).get("uid")) for p in pods.values())
         try:
             self.nominations.hold(ledger, pods, live, now)
@@ -138,6 +150,7 @@ class Preemption:
         self.moves.not_placed(ledger, pod_key)
 
     def placed(self, ledger: Ledger, pod_key: str) -> None:
+        self.budget.forget(pod_key)
         self.nominations.drop(ledger, pod_key)
         self.moves.placed(ledger, pod_key)
 
@@ -159,14 +172,45 @@ class Preemption:
             return None
         if self.moves.is_replacement(pod):  # it waits for the room reserved for it, evicting nobody
             return None
+        key = object_key(pod)
+        nom = self.nominations.get(key)
+        if nom is not None:
+            return f"preempting on node {nom.node}: waiting for the evicted pods to end; their devices are held for this pod"
+        if not self._may_try(pod):
+            return None
+        if not self.budget.may_search(key):
+            self.searches.labels("put_off").inc()
+            return None
+        started = time.monotonic()
+        found: str | None = None
         try:
             found = self._preempt(st, pod, todo, node_ok, end_hint) if self.enabled else None
-            return found if found is not None else self.moves.make_room(st, pod, todo, node_ok, end_hint)
+            if found is None:
+                found = self.moves.make_room(st, pod, todo, node_ok, end_hint)
+            return found
         except NotLeader:
             raise
         except Exception as exc:
             log.exception("preemption failed; the pod waits", pod=object_key(pod), error=str(exc))
             return None
+        finally:
+            self.budget.searched(key, time.monotonic() - started, found is not None)
+            self.searches.labels("found" if found is not None else "nothing").inc()
+
+    def _may_try(self, pod: Obj) -> bool:
+        """Whether any search could run for `pod` (preemption on and allowed to it, or moves on)."""
+        return (self.enabled and may_preempt(pod)) or self.moves.settings.enabled
+
+    def will_search(self, pod: Obj, decision: Decision) -> bool:
+        """Whether `preempt` would search for `pod` now: only then does the caller wait for the writes
+        in flight first (victims are chosen on what they left), so a pod that cannot be helped, or
+        whose search is put off, never holds up the others' writes."""
+        if decision.reason not in PREEMPTION_HELPS or self.moves.is_replacement(pod):
+            return False
+        key = object_key(pod)
+        if key in self.nominations.entries or not self._may_try(pod):
+            return False
+        return self.budget.may_search(key)
 
     def _preempt(
         self,
@@ -176,10 +220,6 @@ class Preemption:
         node_ok: Callable[[str], bool],
         end_hint: EndHint | None,
     ) -> str | None:
-        key = object_key(pod)
-        nom = self.nominations.get(key)
-        if nom is not None:
-            return f"preempting on node {nom.node}: waiting for the evicted pods to end; their devices are held for this pod"
         if not may_preempt(pod):
             return None
         prio = priority(pod)
