@@ -28,9 +28,8 @@ from .ceiling import run_ceiling
 from .online import MEAN_LIFETIME, Outcome, Pod, Scenario, build_cluster, generate, run_bound
 
 SHARES = (0.0, 0.25, 0.5, 1.0)
-MIN_REMAINING = 0.25 * MEAN_LIFETIME  # the controller's 600 s, in the streams' time units
-WINDOW = MEAN_LIFETIME
-RULES = RoomRules(moves=True, min_remaining=MIN_REMAINING, window=WINDOW)
+RULES = RoomRules.scaled(MEAN_LIFETIME, moves=True)  # the controller's 600 s and window, in stream units
+MIN_REMAINING, WINDOW = RULES.min_remaining, RULES.window
 
 
 def arrivals(pods: Sequence[Pod], share: float, seed: int) -> list[Arrival]:

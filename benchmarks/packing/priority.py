@@ -24,11 +24,10 @@ from collections.abc import Sequence
 
 from flexmig.simulation.room import Arrival, RoomOutcome, RoomRules, draw, run_room
 
-from .moves import MIN_REMAINING, WINDOW
-from .online import Pod, Scenario, build_cluster, generate
+from .online import MEAN_LIFETIME, Pod, Scenario, build_cluster, generate
 
 HIGH_SHARES = (0.1, 0.25)
-PATIENCE = 20.0
+PATIENCE = RoomRules.scaled(MEAN_LIFETIME, wait=True).patience  # 20: half a mean lifetime
 
 
 def arrivals(pods: Sequence[Pod], high_share: float, seed: int, movable_share: float = 0.0) -> list[Arrival]:
@@ -48,13 +47,7 @@ def run_priority(
 ) -> RoomOutcome:
     """Preemption off or on; with `movable_share`, pods that fit nowhere may also get room by moves
     (tried after preemption, as the controller does)."""
-    rules = RoomRules(
-        preemption=preemption,
-        moves=movable_share > 0,
-        patience=PATIENCE,
-        min_remaining=MIN_REMAINING,
-        window=WINDOW,
-    )
+    rules = RoomRules.scaled(MEAN_LIFETIME, preemption=preemption, moves=movable_share > 0, wait=True)
     stream = arrivals(pods, high_share, seed, movable_share)
     return run_room(build_cluster(scenario), stream, rules, warmup=warmup)
 

@@ -84,6 +84,17 @@ class RoomRules:
     window: float = 0.0  # a pod moved within this is not moved again
     max_moves: int = MAX_MOVES
 
+    @classmethod
+    def scaled(
+        cls, mean_lifetime: float, *, preemption: bool = False, moves: bool = False, wait: bool = False
+    ) -> RoomRules:
+        """The controller's rules in a stream's time units: a pod expected to end within a quarter of a
+        mean lifetime is not moved (the controller's 600 s), nor one moved within a lifetime; with
+        `wait`, a pod that fits nowhere waits up to half a lifetime."""
+        return cls(
+            preemption, moves, 0.5 * mean_lifetime if wait else 0.0, 0.25 * mean_lifetime, mean_lifetime
+        )
+
 
 class Realizer(Protocol):
     """What the nodes do with each decision (create or destroy the pod's instances)."""

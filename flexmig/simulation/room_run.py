@@ -34,9 +34,8 @@ from flexmig.simulation.room import Arrival, RoomOutcome, RoomRules, draw, run_r
 from flexmig.simulation.runner import NodeSpec, Realized, SimulatedCluster
 from flexmig.simulation.workload import MEAN_DURATION, PodSpec
 
-PATIENCE = 0.5 * MEAN_DURATION
-MIN_REMAINING = 0.25 * MEAN_DURATION
-WINDOW = MEAN_DURATION
+RULES = RoomRules.scaled(MEAN_DURATION, wait=True)  # the rules' times, for the tests and the docs
+PATIENCE, MIN_REMAINING, WINDOW = RULES.patience, RULES.min_remaining, RULES.window
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +124,7 @@ def run_rows(
     progress: Callable[[str], None] | None = None,
 ) -> list[RoomRow]:
     rows: list[RoomRow] = []
-    moves_rules = RoomRules(moves=True, min_remaining=MIN_REMAINING, window=WINDOW)
+    moves_rules = RoomRules.scaled(MEAN_DURATION, moves=True)
     for share in movable_shares:
         stream = arrivals(pods, seed, share, 0.0)
         got, created, leaked = _realized_run(nodes, stream, moves_rules)
@@ -137,13 +136,7 @@ def run_rows(
         for share in movable_shares or (0.0,):
             stream = arrivals(pods, seed, share, high)
             for preemption in (False, True):
-                rules = RoomRules(
-                    preemption=preemption,
-                    moves=share > 0,
-                    patience=PATIENCE,
-                    min_remaining=MIN_REMAINING,
-                    window=WINDOW,
-                )
+                rules = RoomRules.scaled(MEAN_DURATION, preemption=preemption, moves=share > 0, wait=True)
                 got, created, leaked = _realized_run(nodes, stream, rules)
                 rows.append(RoomRow(share, high, preemption, got, created, leaked))
                 if progress is not None:
