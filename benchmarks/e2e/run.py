@@ -1,18 +1,31 @@
-"""One measured configuration: a burst of pods of one kind, in one mode, at one simulator latency."""
+"""One measured configuration: a burst of pods of one kind, in one mode, at one simulator latency.
+
+On stand-in nodes (`Scenario`) or on the real node (realnode.py's `BenchRealNodeScenario`): the nodes,
+where the pods go and what they run come from realnode.py's `nodes_of` and `node_selector`."""
 
 from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from benchmarks.prepare_latency import REALISTIC_DEFAULT_S, REALISTIC_S
 from controller.kube.rest import request
 from tests.e2e.hook_pods import restart_plugin
-from tests.e2e.scenario import SCENARIO_LABEL, Scenario
+from tests.e2e.realnode.scenario import RealNodeScenario
+from tests.e2e.scenario import Scenario, SimNode
 
 from .procstats import ProcUsage, usage
+from .realnode import (
+    BenchRealNodeScenario,
+    failed_prepares,
+    node_cpu,
+    node_selector,
+    nodes_of,
+    plugin_prepare,
+    restart_plugins,
+)
 from .timeline import Timeline
 from .workloads import create_burst, wait_for
 
@@ -35,6 +48,15 @@ class Result:
     # A churn round: the measured burst follows an unmeasured one of the same size in the same
     # namespace, deleted just before (its MIG instances idle when the plugin keeps them).
     churn: bool = False
+    # The real node only: CPU seconds of its kubelet, containerd and shims during the burst, and the
+    # plugin's own prepare time (seconds, claims) during it.
+    node_cpu_s: dict[str, float] = field(default_factory=dict)
+    plugin_prepare: tuple[float, int] = (0.0, 0)
+    # The real node only: pod -> the kubelet's first FailedPrepareDynamicResources message.
+    failed_prepares: dict[str, str] = field(default_factory=dict)
+    # p99 per stage over the pods NOT in failed_prepares (empty when no pod was retried): without the
+    # kubelet's 60-90 s retry.
+    p99_unretried: dict[str, float] = field(default_factory=dict)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -51,19 +73,22 @@ def set_latency(sc: Scenario, realistic: bool, restart: bool = False) -> None:
 
     `restart`: restart every plugin afterwards, as a `sim-memory:` plugin reads the file's latencies
     only when it starts (driver/nvml/sim/writeback.py); call it between rounds, with no GPU in use."""
-    for node in sc.nodes.values():
+    for node in nodes_of(sc):
         admin = node.nd.admin()
         admin.clear_latency()
         if realistic:
             admin.set_latency(REALISTIC_DEFAULT_S, **REALISTIC_S)
-    if restart:
-        for node in sc.nodes.values():
-            restart_plugin(sc, node, node.nd.metrics_address, node.nd.metrics_port)
+    if restart and isinstance(sc, BenchRealNodeScenario):
+        restart_plugins(sc)
+    elif restart:
+        for stand_in in nodes_of(sc):
+            assert isinstance(stand_in, SimNode)
+            restart_plugin(sc, stand_in, stand_in.nd.metrics_address, stand_in.nd.metrics_port)
 
 
 def _nvml_calls(sc: Scenario) -> dict[str, int]:
     total: dict[str, int] = {}
-    for node in sc.nodes.values():
+    for node in nodes_of(sc):
         for function, n in node.nd.admin().call_counts().items():
             total[function] = total.get(function, 0) + n
     return total
@@ -71,7 +96,7 @@ def _nvml_calls(sc: Scenario) -> dict[str, int]:
 
 def _pids(sc: Scenario) -> tuple[int | None, list[int]]:
     ctl = sc.controller.proc.pid if sc.controller is not None else None
-    plugins = [n.plugin.proc.pid for n in sc.nodes.values() if n.plugin is not None]
+    plugins = [n.plugin.proc.pid for n in nodes_of(sc) if n.plugin is not None]
     return ctl, plugins
 
 
@@ -80,8 +105,9 @@ def _warm_burst(sc: Scenario, ns: str, kind: str, count: int) -> None:
     GPU instance has a compute instance left: what churn leaves for the measured burst to reuse."""
     timeline = Timeline(sc.api, ns).start()
     try:
-        failed = create_burst(sc.api, ns, kind, count, {SCENARIO_LABEL: sc.suffix}, timeline, prefix="w-")
-        wait_for(lambda: timeline.running_count() >= count - len(failed), 60 + count * 0.5)
+        real = isinstance(sc, RealNodeScenario)
+        failed = create_burst(sc.api, ns, kind, count, node_selector(sc), timeline, prefix="w-", real=real)
+        wait_for(lambda: timeline.running_count() >= count - len(failed), _timeout_s(sc, count))
     finally:
         timeline.stop()
     request(sc.api, "DELETE", f"/api/v1/namespaces/{ns}/pods")
@@ -89,10 +115,15 @@ def _warm_burst(sc: Scenario, ns: str, kind: str, count: int) -> None:
 
     def released() -> bool:
         pods: list[Any] = request(sc.api, "GET", f"/api/v1/namespaces/{ns}/pods").get("items", [])
-        return not pods and all(not gi[4] for n in sc.nodes.values() for gi in n.instances())
+        return not pods and all(not gi[4] for n in nodes_of(sc) for gi in n.instances())
 
     if not wait_for(released, 300, 0.5):
         raise RuntimeError(f"churn round {ns}: pods or compute instances left after 300 s")
+
+
+def _timeout_s(sc: Scenario, count: int) -> float:
+    """How long a burst may take to be Running: a real node starts a sandbox and a container per pod."""
+    return 120 + count * 2.0 if isinstance(sc, RealNodeScenario) else 60 + count * 0.5
 
 
 def measure(
@@ -106,22 +137,35 @@ def measure(
     ctl_before = usage(ctl_pid) if ctl_pid else None
     plugins_before = sum(usage(p).cpu_s for p in plugin_pids)
     calls_before = _nvml_calls(sc)
+    node_before, prepare_before = node_cpu(sc), plugin_prepare(sc)
     try:
         failed = create_burst(
-            sc.api, ns, kind, count, {SCENARIO_LABEL: sc.suffix}, timeline, prefix="m-" if churn else ""
+            sc.api,
+            ns,
+            kind,
+            count,
+            node_selector(sc),
+            timeline,
+            prefix="m-" if churn else "",
+            real=isinstance(sc, RealNodeScenario),
         )
         expected = count - len(failed)
-        wait_for(lambda: timeline.running_count() >= expected, 60 + count * 0.5)
+        wait_for(lambda: timeline.running_count() >= expected, _timeout_s(sc, count))
     finally:
         timeline.stop()
     ctl_after = usage(ctl_pid) if ctl_pid else None
     calls_after = _nvml_calls(sc)
+    node_after, prepare_after = node_cpu(sc), plugin_prepare(sc)
     plugin_usages = [usage(p) for p in plugin_pids]
     durations = [d for t in list(timeline.pods.values()) if (d := t.stage_durations()) is not None]
     posted = [t.posted for t in timeline.pods.values() if t.posted is not None]
     running = [t.running for t in timeline.pods.values() if t.running is not None]
     span = (max(running) - min(posted)) if running and posted else float("nan")
     stages = ("admission", "gate", "scheduling", "prepare", "total")
+    failed_prep = failed_prepares(sc, ns)
+    unretried = [
+        d for n, t in list(timeline.pods.items()) if n not in failed_prep and (d := t.stage_durations())
+    ]
     result = Result(
         mode=mode,
         kind=f"{kind}/churn" if churn else kind,
@@ -139,6 +183,10 @@ def measure(
             f: n - calls_before.get(f, 0) for f, n in calls_after.items() if n > calls_before.get(f, 0)
         },
         churn=churn,
+        node_cpu_s={k: v - node_before.get(k, 0.0) for k, v in node_after.items()},
+        plugin_prepare=(prepare_after[0] - prepare_before[0], prepare_after[1] - prepare_before[1]),
+        failed_prepares=failed_prep,
+        p99_unretried={s: percentile([d[s] for d in unretried], 0.99) for s in stages} if failed_prep else {},
     )
     _clean(sc, ns)
     return result
@@ -152,7 +200,7 @@ def _clean(sc: Scenario, ns: str) -> None:
 
     def empty() -> bool:
         pods: list[Any] = request(sc.api, "GET", f"/api/v1/namespaces/{ns}/pods").get("items", [])
-        return not pods and all(not n.instances() for n in sc.nodes.values())
+        return not pods and all(not n.instances() for n in nodes_of(sc))
 
     if not wait_for(empty, 300, 1.0):
         raise RuntimeError(f"round {ns}: pods or GPU instances left after 300 s")
