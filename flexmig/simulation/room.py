@@ -18,7 +18,7 @@ A pod that fits nowhere waits up to `patience` (0: refused at once, as the plain
 retried whenever a pod leaves, highest priority first, then by arrival. Every start and stop goes
 through an optional `Realizer` (flexmig simulate creates and destroys the instances in NVML there),
 stops before starts, as a node would do them. Not modelled: grace periods, the controller's rate
-limits on moves, the time a restart takes.
+limits on moves and its search backoff (controller/allocation/searchbudget.py), the time a restart takes.
 """
 
 from __future__ import annotations
