@@ -51,6 +51,15 @@ class Backlog:
     running_s: float  # uncordon -> last pod Running
     controller_cpu_s: float
     echo_wait_mean_s: float  # the controller's wait for its claim watch to show each allocation
+    uncordon_s: float = float("nan")  # the PATCHes that uncordon every node, one after the other
+    released_first_s: float = float("nan")  # uncordon -> the controller's first / last release, from
+    released_last_s: float = float("nan")  # its own metrics (polled every 250 ms)
+
+    @property
+    def released_per_s(self) -> float:
+        """Releases per second between the controller's first and last, as it counts them."""
+        span = self.released_last_s - self.released_first_s
+        return (self.pods - 1) / span if span > 0 else float("nan")
 
     @property
     def per_s(self) -> float:
@@ -62,17 +71,26 @@ class Backlog:
         return (self.ungated - 1) / span if span > 0 else float("nan")
 
 
-def _echo_wait(sc: Scenario) -> tuple[float, float]:
-    """(sum, count) of the controller's flexmig_controller_gate_echo_wait_seconds, from its /metrics."""
+def _histogram(sc: Scenario, name: str) -> tuple[float, float]:
+    """(sum, count) of the controller's histogram `name`, from its /metrics."""
     assert sc.controller is not None
     found = {"sum": 0.0, "count": 0.0}
     for family in text_string_to_metric_families(sc.controller.metrics()):
-        if family.name == "flexmig_controller_gate_echo_wait_seconds":
+        if family.name == name:
             for sample in family.samples:
                 for part in found:
                     if sample.name.endswith(f"_{part}"):
                         found[part] = sample.value
     return found["sum"], found["count"]
+
+
+def _echo_wait(sc: Scenario) -> tuple[float, float]:
+    return _histogram(sc, "flexmig_controller_gate_echo_wait_seconds")
+
+
+def _released(sc: Scenario) -> float:
+    """Pods the controller has released (gate removed and applied): its allocation latency's count."""
+    return _histogram(sc, "flexmig_allocation_latency_seconds")[1]
 
 
 def _cordon(sc: Scenario, on: bool) -> None:
@@ -96,12 +114,26 @@ def measure_backlog(sc: Scenario, count: int, round_no: int) -> Backlog:
         assert sc.controller is not None
         cpu_before = usage(sc.controller.proc.pid).cpu_s
         echo_before = _echo_wait(sc)
+        released_before = _released(sc)
         opened = time.monotonic()
         _cordon(sc, False)
+        uncordoned = time.monotonic() - opened
+        # The controller's own count of released pods, polled: the timeline's watch decodes every
+        # pod event in this process and may fall behind a fast controller.
+        seen: dict[str, float] = {}
+
+        def all_released() -> bool:
+            done = _released(sc) - released_before
+            if done >= 1:
+                seen.setdefault("first", time.monotonic() - opened)
+            if done >= count:
+                seen.setdefault("last", time.monotonic() - opened)
+            return done >= count
 
         def all_ungated() -> bool:
             return sum(1 for t in timeline.pods.values() if t.ungated is not None) >= count
 
+        wait_for(all_released, 60 + count * 0.2, every_s=0.25)
         wait_for(all_ungated, 60 + count * 0.2)
         cpu_s = usage(sc.controller.proc.pid).cpu_s - cpu_before
         echo_sum, echo_count = (a - b for a, b in zip(_echo_wait(sc), echo_before, strict=True))
@@ -121,22 +153,27 @@ def measure_backlog(sc: Scenario, count: int, round_no: int) -> Backlog:
         running_s=max(runs) if len(runs) == count else float("nan"),
         controller_cpu_s=cpu_s,
         echo_wait_mean_s=echo_sum / echo_count if echo_count else float("nan"),
+        uncordon_s=uncordoned,
+        released_first_s=seen.get("first", float("nan")),
+        released_last_s=seen.get("last", float("nan")),
     )
     _clean(sc, ns)
     return result
 
 
 HEADER = (
-    "| pods | gates removed | first s | last s | allocations/s | sustained/s | gate p50 / p99 s "
-    "| last Running s | controller CPU s | echo wait mean ms |\n" + "|---" * 10 + "|"
+    "| pods | uncordon s | gates removed | first s | last s | allocations/s | sustained/s | gate p50 / p99 s "
+    "| last Running s | controller CPU s | echo wait mean ms | controller's first / last release s "
+    "| releases/s |\n" + "|---" * 13 + "|"
 )
 
 
 def row(r: Backlog) -> str:
     return (
-        f"| {r.pods} | {r.ungated} | {r.first_s:.2f} | {r.last_s:.2f} | {r.per_s:.1f} | {r.sustained_per_s:.1f} "
+        f"| {r.pods} | {r.uncordon_s:.2f} | {r.ungated} | {r.first_s:.2f} | {r.last_s:.2f} | {r.per_s:.1f} | {r.sustained_per_s:.1f} "
         f"| {r.p50_s:.2f} / {r.p99_s:.2f} | {r.running_s:.1f} | {r.controller_cpu_s:.1f} "
-        f"| {1000 * r.echo_wait_mean_s:.0f} |"
+        f"| {1000 * r.echo_wait_mean_s:.0f} | {r.released_first_s:.2f} / {r.released_last_s:.2f} "
+        f"| {r.released_per_s:.1f} |"
     )
 
 
