@@ -76,7 +76,7 @@ from controller.claims.podclaims import LiveRefs, is_gated, is_terminal, referen
 from controller.kube.store import Event, resource_version
 from controller.kube.watchcache import WatchCache
 from controller.kube.writer import CONDITION_TYPE, NotLeader, Writer
-from controller.runtime.metrics import ControllerMetrics, Snapshot, instance_rows
+from controller.runtime.metrics import ControllerMetrics, InstanceRows, Snapshot
 from controller.state.inventory import Inventory
 from controller.state.ledger import Ledger
 from controller.state.taintrules import with_taint_rules
@@ -141,6 +141,7 @@ class Controller(PodAllocation, ClaimChecks):
         self.runner: LoopRunner | None = None
         self.writes = WritePool(write_concurrency)  # pods whose writes may be in flight at once
         self._slices_dirty = False
+        self._instance_rows = InstanceRows()
         self._last_resync = 0.0
 
     # --- events -------------------------------------------------------------------------------------
@@ -403,7 +404,7 @@ class Controller(PodAllocation, ClaimChecks):
         self.metrics.publish(
             Snapshot(
                 gpus=tuple(self.ledger.cluster.gpus()),
-                instances=tuple(instance_rows(self.cache["resourceclaims"].values(), pools)),
+                instances=self._instance_rows.rows(self.cache["resourceclaims"], pools),
                 gated=gated,
                 shared=tuple(self.ledger.shared_states().values()),
                 oldest_pending_since=min((p.first_seen for p in self.pending.values()), default=None),

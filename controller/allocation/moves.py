@@ -140,7 +140,8 @@ class Moves:
         while self.recent and now - self.recent[0][0] >= RATE_WINDOW_S:
             self.recent.popleft()
         self.refused = {u: t for u, t in self.refused.items() if t > now}
-        alive = {str((p.get("metadata") or {}).get("uid")) for p in pods.values()}
+        # Every step runs this: the set of every pod's uid only while a move is under way.
+        alive = {str((p.get("metadata") or {}).get("uid")) for p in pods.values()} if self.active else set()
         for key, (uid, devices) in list(self.targets.items()):
             if self.hooks is None or key not in self.hooks.nominations:  # placed, gone or given up
                 self.drop_target(ledger, key)

@@ -72,6 +72,8 @@ class Nominations:
     ) -> None:
         """At the start of a step: end nominations whose pod is gone, placed or out of time, and take
         every reserved device that became free for the others. `live`: uids of pods that exist."""
+        if not self.entries:
+            return  # every step runs this: no set of every pod's uid when nothing is nominated
         alive = set(live)
         for key, nom in list(self.entries.items()):
             pod = pods.get(key)
