@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from driver.policy.allocator import HINT_WEIGHT, FirstFitPolicy, PackingPolicy, Policy
 from driver.policy.hami import HamiPolicy
 from driver.policy.hami_scored import HamiScoredPolicy
+from flexmig.cliargs import UsageError
+from flexmig.commands.simulate import parse_shares
 
 from . import hints, moves, offline, online, priority
 
@@ -175,18 +177,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--out", help="also write the Markdown here")
     args = parser.parse_args(argv)
-    try:
-        high_shares = [float(x) for x in args.priority_mix.split(",") if x]
-    except ValueError:
-        parser.error(f"--priority-mix: not numbers: {args.priority_mix!r}")
-    if any(not 0 < x <= 1 for x in high_shares):
-        parser.error(f"--priority-mix: shares must be in (0, 1], got {args.priority_mix!r}")
-    try:
-        movable_shares = [float(x) for x in args.movable_shares.split(",") if x]
-    except ValueError:
-        parser.error(f"--movable-shares: not numbers: {args.movable_shares!r}")
-    if any(not 0 <= x <= 1 for x in movable_shares):
-        parser.error(f"--movable-shares: shares must be in [0, 1], got {args.movable_shares!r}")
+    try:  # the same rules as `flexmig simulate`'s share lists
+        high_shares = parse_shares(args.priority_mix, "priority-mix", open_ends=True)
+        movable_shares = parse_shares(args.movable_shares, "movable-shares", open_ends=False)
+    except UsageError as exc:
+        parser.error(str(exc))
     modes = [m for m in args.hints.split(",") if m]
     if set(modes) - set(hints.MODES):
         parser.error(

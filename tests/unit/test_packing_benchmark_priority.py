@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from benchmarks.packing import online, priority
 
 
@@ -32,3 +34,18 @@ def test_with_movable_pods_moves_join_preemption_and_high_pods_still_preempt() -
     text = priority.priority_table(1, 80, [scenario], [0.9], [0.1], [0.0, 1.0])
     rows = [line.split(" | ")[3:5] for line in text.splitlines() if line.startswith("| single-8")]
     assert rows == [["0%", "off"], ["0%", "on"], ["100%", "off"], ["100%", "on"]]
+
+
+def test_share_lists_follow_flexmig_simulates_rules(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks.packing.__main__ import main
+
+    for argv, needle in (
+        (
+            ["--priority-mix", "1"],
+            "--priority-mix: '1' is out of range; allowed: numbers above 0 and below 1",
+        ),
+        (["--movable-shares", "0.5,0.5"], "--movable-shares: '0.5' is given twice"),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            main([*argv, "--skip", "online,offline,scale"])
+        assert exit_.value.code == 2 and needle in capsys.readouterr().err
