@@ -67,12 +67,14 @@ from controller.allocation.doublehold import DoubleHoldReporter
 from controller.allocation.lifetime import ClaimEnds, running_end
 from controller.allocation.nodefilter import schedulable_view
 from controller.allocation.preempt import Preemption
+from controller.allocation.roomsync import RoomSync
 from controller.allocation.skips import SkipReporter
 from controller.allocation.uncertain import UncertainClaims
 from controller.allocation.writepool import PodWrites, WritePool, WritesStopped
 from controller.claims.candidates import CandidateIndex
 from controller.claims.cel import CelEnvironment
 from controller.claims.podclaims import LiveRefs, is_gated, is_terminal, referenced_claims
+from controller.kube.roomstore import RoomStore
 from controller.kube.store import Event, resource_version
 from controller.kube.watchcache import WatchCache
 from controller.kube.writer import CONDITION_TYPE, NotLeader, Writer
@@ -109,6 +111,7 @@ class Controller(PodAllocation, ClaimChecks):
         catch_up: bool = True,
         preemption: Preemption | None = None,
         write_concurrency: int = 1,
+        room_store: RoomStore | None = None,
     ) -> None:
         self.cache = cache
         self.age_first_after_s = age_first_after_s
@@ -138,6 +141,8 @@ class Controller(PodAllocation, ClaimChecks):
         self.catch_up = LeaderCatchUp(cache, self.metrics, enabled=catch_up)
         self.double_holds = DoubleHoldReporter(self.metrics)
         self.preemption = preemption or Preemption(self.metrics.registry)
+        # Its nominations and moves outlive this leadership (controller/allocation/roomsync.py).
+        self.room = RoomSync(room_store, lambda stage: self.metrics.reconcile_errors.labels(stage).inc())
         self.runner: LoopRunner | None = None
         self.writes = WritePool(write_concurrency)  # pods whose writes may be in flight at once
         self._slices_dirty = False
@@ -307,6 +312,7 @@ class Controller(PodAllocation, ClaimChecks):
         leading = self._leading()
         if not leading:
             self.catch_up.lost()
+            self.room.lost()
         elif self.writer is not None and not self.catch_up.done:
             # A new leader's cache may not show the previous leader's last writes yet: deciding on it
             # could give their devices again. A fresh list first (it raises: the loop backs off).
@@ -322,6 +328,7 @@ class Controller(PodAllocation, ClaimChecks):
             self.dirty |= set(self.pending)
         self.metrics.unsettled_writes.set(len(self.uncertain))
         if leading and self.writer is not None:
+            self.room.restore_once(self.preemption, self.ledger)  # the last leader's promises, first
             self.preemption.start_step(self.ledger, self.cache["pods"], self.writer)  # holds first
             self.dirty |= self.preemption.budget.due() & self.pending.keys()  # searches put off
             order = self._decision_order()
@@ -350,6 +357,7 @@ class Controller(PodAllocation, ClaimChecks):
                 if not self._guard("deallocate", self._check_claim, key):
                     self.claims_to_check.add(key)
                     break
+            self.room.save(self.preemption)
         try:
             self._publish()
         except Exception as exc:  # metrics only: never worth stopping allocation for

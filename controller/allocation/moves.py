@@ -22,8 +22,9 @@ eviction, or no replacement was placed `timeout_s` after it ended; each outcome 
 `flexmig_moves_total{result}` and a give-up is an Event on the waiting pod. Moves are rate-limited
 (`per_node` evictions per node and `per_cluster` in all per `RATE_WINDOW_S`), a pod (or its
 replacement) is never moved twice within `window_s`, and the whole feature is off unless enabled.
-The state lives in the leader's memory: after a leader change, moves under way complete as plain
-recreations (their replacements are placed by the policy wherever they fit).
+The state outlives the leader in the room state (controller/allocation/roomstate.py, written after
+every step that changed it); a move whose step did not end (the leader died) completes as a plain
+recreation (its replacement placed by the policy wherever it fits).
 """
 
 from __future__ import annotations

@@ -12,9 +12,10 @@ A nomination ends when the preemptor is allocated (`drop`), deleted or no longer
 `hold_s` after the last victim is gone (the pod should have been placed in the next step; if the
 cluster changed so that it no longer fits, the capacity goes back to everyone), or
 `VICTIM_WAIT_S` after the eviction while victims are still terminating (a pod stuck in termination
-must not hold a GPU forever). It lives in this process only: after a leader change the new leader's
-search counts the victims still terminating as going (controller/allocation/preemptpods.py) and
-nominates again without evicting more.
+must not hold a GPU forever). It outlives the leader in the room state (controller/allocation/roomstate.py);
+were it lost (the leader died within the step that evicted), the new leader's search counts the
+victims still terminating as going (controller/allocation/preemptpods.py) and nominates again without
+evicting more.
 """
 
 from __future__ import annotations

@@ -84,6 +84,13 @@ def pod_path(namespace: str, name: str, sub: str = "") -> str:
     return f"/api/v1/namespaces/{ns}/pods/{n}" + (f"/{sub}" if sub else "")
 
 
+def config_map_path(namespace: str, name: str = "") -> str:
+    from urllib.parse import quote  # every segment escaped, like the other paths
+
+    maps = f"/api/v1/namespaces/{quote(namespace, safe='')}/configmaps"
+    return maps + (f"/{quote(name, safe='')}" if name else "")
+
+
 def lease_path(namespace: str, name: str = "") -> str:
     from urllib.parse import quote  # every segment escaped, like the other paths
 

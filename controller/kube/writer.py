@@ -28,7 +28,7 @@ from kubernetes.client.exceptions import ApiException
 
 from api.constants import ALLOCATION_GATE
 from controller.kube.outcome import NotSent
-from controller.kube.rest import MERGE_PATCH, claim_path, pod_path, request
+from controller.kube.rest import MERGE_PATCH, claim_path, config_map_path, pod_path, request
 from controller.runtime import crashpoints
 
 FINALIZER = "gpu.flexmig.dev/allocation-protection"
@@ -211,6 +211,18 @@ class Writer:
             "deleteOptions": {"preconditions": {"uid": meta["uid"]}},
         }
         return self._write("POST", pod_path(meta["namespace"], meta["name"], "eviction"), body)
+
+    # --- the controller's own ConfigMaps (controller/kube/roomstore.py) -------------------------------
+
+    def read_config_map(self, namespace: str, name: str) -> Obj:
+        return self._send(self.api, "GET", config_map_path(namespace, name), timeout_s=WRITE_TIMEOUT_S)
+
+    def create_config_map(self, namespace: str, body: Mapping[str, Any]) -> Obj:
+        return self._write("POST", config_map_path(namespace), dict(body))
+
+    def replace_config_map(self, namespace: str, name: str, body: Mapping[str, Any]) -> Obj:
+        """A full update carrying `metadata.resourceVersion`: 409 when the map changed since."""
+        return self._write("PUT", config_map_path(namespace, name), dict(body))
 
     def set_condition(self, pod: Mapping[str, Any], status: str, reason: str, message: str) -> None:
         meta = pod["metadata"]

@@ -31,6 +31,7 @@ from controller.allocation.nominate import HOLD_S
 from controller.allocation.preempt import Preemption
 from controller.allocation.writepool import DEFAULT_WRITE_CONCURRENCY
 from controller.kube.leader import LeaderElector
+from controller.kube.roomstore import RoomStore
 from controller.kube.watchcache import STUCK_AFTER_S, WatchCache
 from controller.kube.writer import Writer
 from controller.runtime.health import HealthServer
@@ -131,6 +132,7 @@ class ControllerProcess:
             write_concurrency=options.write_concurrency,
             metrics=self.metrics,
             is_leader=self.leading,
+            room_store=RoomStore(self.writer, options.lease_namespace),
             preemption=Preemption(
                 self.metrics.registry,
                 enabled=options.preemption,

@@ -10,6 +10,7 @@ without the opt-in is never evicted.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +19,7 @@ import pytest
 from api.constants import ALLOCATION_GATE, ANNOTATION_MOVABLE, DRIVER_NAME
 from controller.kube.rest import pod_path
 from controller.kube.rest import request as send
+from controller.kube.roomstore import KEY, ROOM_STATE_NAME
 
 from .cluster import ControlPlane, wait_until
 from .objects import claim_body, pod_body
@@ -75,6 +77,12 @@ def _events(sc: Scenario, ns: str, reason: str) -> list[dict[str, Any]]:
     return [e for e in items if e.get("reason") == reason]
 
 
+def _room_state(sc: Scenario) -> dict[str, Any]:
+    cm = send(sc.api, "GET", f"/api/v1/namespaces/{sc.namespace}/configmaps/{ROOM_STATE_NAME}")
+    doc: dict[str, Any] = json.loads(cm["data"][KEY])
+    return doc
+
+
 def test_a_big_pod_gets_room_by_moving_a_movable_pod_its_deployment_recreates(sc: Scenario) -> None:
     ns = sc.test_namespace("moves")
     # A whole GPU taken for a moment, so that the movable pod lands on the other one.
@@ -116,6 +124,20 @@ def test_a_big_pod_gets_room_by_moving_a_movable_pod_its_deployment_recreates(sc
     assert [e["involvedObject"]["name"] for e in _events(sc, ns, "Moved")] == [first["metadata"]["name"]]
     assert not [e for e in _events(sc, ns, "Moved") if e["involvedObject"]["name"] == "stay"]
     assert _events(sc, ns, "MakingRoom")
+    # The leader's promises were kept for the next leader (controller/kube/roomstore.py), with the
+    # chart's permissions: once the move completed, its rate-limit entry and window remain.
+    doc = _room_state(sc)
+    moved = {first["metadata"]["uid"], replacement["metadata"]["uid"]}
+    assert doc["moves"] == [] and doc["nominations"] == []
+    assert {m["uid"] for m in doc["moved"]} >= moved and len(doc["evictions"]) == 1
+    # A new controller process reads them back: it keeps them (a leader that had not would write
+    # its empty state over them after its first step, which placing a pod proves it took).
+    sc.stop_controller()
+    sc.start_controller()
+    _pod(sc, ns, "after", [f'{PROFILE} == "1g.5gb"'])
+    doc = _room_state(sc)
+    assert {m["uid"] for m in doc["moved"]} >= moved and len(doc["evictions"]) == 1
+    sc.delete_pod(ns, "after")
     send(sc.api, "DELETE", f"/apis/apps/v1/namespaces/{ns}/deployments/mover")
     sc.delete_pod(ns, "big")
     sc.delete_pod(ns, "stay")

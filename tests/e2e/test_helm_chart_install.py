@@ -262,6 +262,12 @@ def _check_rbac(api: Any) -> None:
     assert can(api, ctrl, verb="create", resource="secrets", ns=NAMESPACE)
     assert not can(api, ctrl, verb="get", resource="secrets", ns=NAMESPACE, name="other")
     assert not can(api, ctrl, verb="create", resource="secrets", ns="ns1")
+    # Preemption's and moves' promises for the next leader: its own ConfigMap only.
+    for verb in ("get", "update"):
+        assert can(api, ctrl, verb=verb, resource="configmaps", ns=NAMESPACE, name="flexmig-room-state")
+    assert can(api, ctrl, verb="create", resource="configmaps", ns=NAMESPACE)
+    assert not can(api, ctrl, verb="update", resource="configmaps", ns=NAMESPACE, name="other")
+    assert not can(api, ctrl, verb="create", resource="configmaps", ns="ns1")
     # ... and not more.
     assert not can(
         api, ctrl, verb="patch", resource="mutatingwebhookconfigurations", group=hooks, name="other"

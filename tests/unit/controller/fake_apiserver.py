@@ -21,6 +21,7 @@ from kubernetes.client.exceptions import ApiException
 
 from api.constants import ALLOCATION_GATE
 from controller.allocation.loop import Controller
+from controller.kube.roomstore import RoomStore
 from controller.kube.store import Event, object_key
 from controller.kube.watchcache import RESOURCES, WatchCache
 from controller.kube.writer import Writer
@@ -28,9 +29,10 @@ from controller.runtime.metrics import ControllerMetrics
 from controller.state.audit import Violation, audit_allocations
 
 Obj = dict[str, Any]
+ROOM_NAMESPACE = "flexmig"  # where the controller keeps its room state (controller/kube/roomstore.py)
 
 _PATH = re.compile(
-    r"^/(?:api/v1|apis/resource\.k8s\.io/v1)/namespaces/(?P<ns>[^/]+)/(?P<res>pods|resourceclaims|events)"
+    r"^/(?:api/v1|apis/resource\.k8s\.io/v1)/namespaces/(?P<ns>[^/]+)/(?P<res>pods|resourceclaims|events|configmaps)"
     r"(?:/(?P<name>[^/]+))?(?:/(?P<sub>status))?$"
 )
 
@@ -49,6 +51,7 @@ class FakeApiServer:
     def __init__(self) -> None:
         self.rv = 100
         self.objects: dict[str, dict[str, Obj]] = {r: {} for r in RESOURCES}
+        self.objects["configmaps"] = {}  # the controller's own (not watched): its room state
         self.watch: list[Event] = []  # every change, in order; the test delivers them
         self.events: list[Obj] = []  # core/v1 Events posted
         self.fail: list[tuple[str, str, int]] = []  # (method, path suffix, status): fail the next match
@@ -102,6 +105,23 @@ class FakeApiServer:
             changed["status"]["reservedFor"] = [r for r in reserved if r.get("uid") != meta.get("uid")]
             self.put_object("resourceclaims", changed)
 
+    def _reap_reservations(self, key: str) -> None:
+        """What the resourceclaim controller does after a claim changed: a reservation for a pod that
+        no longer exists (deleted before the reservation was written) is removed."""
+        claim = self.objects["resourceclaims"][key]
+        reserved = (claim.get("status") or {}).get("reservedFor") or []
+        ns = claim["metadata"].get("namespace")
+        live = {
+            p["metadata"].get("uid")
+            for p in self.objects["pods"].values()
+            if p["metadata"].get("namespace") == ns
+        }
+        kept = [r for r in reserved if r.get("resource") != "pods" or r.get("uid") in live]
+        if len(kept) != len(reserved):
+            changed = copy.deepcopy(claim)
+            changed["status"]["reservedFor"] = kept
+            self.put_object("resourceclaims", changed)
+
     def lists(self) -> list[Event]:
         """A REPLACE per resource (what a fresh list returns)."""
         return [
@@ -140,6 +160,28 @@ class FakeApiServer:
 
     # --- what the controller's Writer sends ---------------------------------------------------------
 
+    def _config_map(self, method: str, ns: str, name: str | None, body: Any) -> Obj:
+        """GET, POST (409 when it exists) and PUT (404 when missing, 409 on an old resourceVersion)."""
+        maps = self.objects["configmaps"]
+        if method == "POST":
+            key = f"{ns}/{body['metadata']['name']}"
+            if key in maps:
+                raise ApiException(status=409, reason="AlreadyExists")
+        else:
+            key = f"{ns}/{name}"
+            if key not in maps:
+                raise ApiException(status=404, reason="NotFound")
+            if method == "GET":
+                return copy.deepcopy(maps[key])
+            if method != "PUT":
+                raise ApiException(status=405, reason=f"{method} configmaps not supported here")
+            if (body.get("metadata") or {}).get("resourceVersion") != maps[key]["metadata"][
+                "resourceVersion"
+            ]:
+                raise ApiException(status=409, reason="Conflict")
+        maps[key] = self._bump(copy.deepcopy(body))
+        return copy.deepcopy(maps[key])
+
     def send(self, api: Any, method: str, path: str, body: Any = None, **kw: Any) -> Obj:
         if self.down:
             raise ConnectionRefusedError(f"{method} {path}: connection refused")
@@ -163,6 +205,8 @@ class FakeApiServer:
         if res == "events":
             self.events.append(copy.deepcopy(body))
             return dict(body)
+        if res == "configmaps":
+            return self._config_map(method, ns, name, body)
         key = f"{ns}/{name}"
         stored = self.objects[res].get(key)
         if stored is None:
@@ -199,7 +243,10 @@ class FakeApiServer:
             return copy.deepcopy(new)
         self.objects[res][key] = self._bump(new)
         self.watch.append(Event(res, "MODIFIED", obj=copy.deepcopy(new)))
-        return copy.deepcopy(new)
+        answer = copy.deepcopy(new)
+        if res == "resourceclaims" and sub == "status":
+            self._reap_reservations(key)
+        return answer
 
 
 class Harness:
@@ -218,12 +265,16 @@ class Harness:
         self.api.watch.clear()
         self.writer = Writer(None, send=self.api.send)
         self.ctl = Controller(
-            WatchCache({r: self.api.list_fn(r) for r in RESOURCES}), self.writer, metrics=metrics
+            WatchCache({r: self.api.list_fn(r) for r in RESOURCES}),
+            self.writer,
+            metrics=metrics,
+            room_store=RoomStore(self.writer, ROOM_NAMESPACE),
         )
         self.delivered = 0
         self.ctl.apply(self.api.lists())
         # Leading from the start on what it just listed; a test of a handover calls `catch_up.lost()`.
         self.ctl.catch_up.finished()
+        self.ctl.room.restore_once(self.ctl.preemption, self.ctl.ledger)  # an empty store: no promises
 
     def add_claim(self, claim: Obj) -> Obj:
         return self.api.put_object("resourceclaims", claim)

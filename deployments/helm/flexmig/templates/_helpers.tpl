@@ -123,6 +123,9 @@ webhook's matchConditions: a custom name under another prefix must still send th
 {{/* Lease name is fixed in the controller (controller/kube/leader.py LEASE_NAME). */}}
 {{- define "flexmig.leaseName" -}}flexmig-controller{{- end -}}
 
+{{/* The controller's room state (controller/kube/roomstore.py ROOM_STATE_NAME). */}}
+{{- define "flexmig.roomStateName" -}}flexmig-room-state{{- end -}}
+
 {{/* ServiceAccount names: the created one, or the existing one named in the values. */}}
 {{- define "flexmig.controllerServiceAccount" -}}
 {{- default (include "flexmig.controllerName" .) .Values.controller.serviceAccount.name -}}
