@@ -127,6 +127,10 @@ class LoopRunner:
         if self._thread is not None:
             self._thread.join(timeout_s)
 
+    def alive(self) -> bool:
+        """Its thread is running (started and not ended)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def beat(self) -> None:
         """The body is making progress (call it during long iterations)."""
         with self._lock:

@@ -27,6 +27,7 @@ pass (kubeletplugin/agent/migmodecheck.py).
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -49,6 +50,7 @@ from kubeletplugin.agent.health import NvmlHealthSource
 from kubeletplugin.agent.metrics import MetricsServer, NodeMetrics
 from kubeletplugin.agent.migmodecheck import MigModeMonitor
 from kubeletplugin.agent.nodelock import NodeBusy, NodeLock, check_sockets_free
+from kubeletplugin.agent.shutdown import STOP_LOOPS_S, stop_loops
 from kubeletplugin.checkpoint.model import CheckpointCorrupt
 from kubeletplugin.checkpoint.periodic import PeriodicReconciler
 from kubeletplugin.checkpoint.reconcile import reconcile
@@ -379,14 +381,16 @@ class NodeAgent:
             devices=len(inventory),
         )
         servers.wait()
+        stopping = time.monotonic()
         metrics.registered.set(0)
-        reconciler.stop()
-        publisher.stop()
-        reconciler.join(10)
-        health.stop()
+        still = stop_loops((reconciler, publisher.runner, health.runner))
+        if still:
+            log.warning(
+                "loops still running at exit, left to the process exit", loops=still, budget_s=STOP_LOOPS_S
+            )
         preparer.close()
         api_client.close()  # type: ignore[no-untyped-call]
-        log.info("kubelet plugin stopped")
+        log.info("kubelet plugin stopped", loops_stop_s=round(time.monotonic() - stopping, 2))
         return 0
 
 

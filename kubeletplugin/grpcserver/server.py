@@ -246,9 +246,12 @@ class PluginServers:
         self._stopping.set()
         servers, self._servers = self._servers, []
         # Registration first: once its socket is gone kubelet deregisters us and stops sending
-        # new work, while in-flight DRA calls still get the grace period.
-        for server, executor, path in reversed(servers):
-            server.stop(grace_s).wait()
+        # new work, while in-flight DRA calls still get the grace period. Both are stopped before
+        # either is waited for, so the two share one grace period (SIGTERM to exit stays under
+        # kubelet's 30 s; kubeletplugin/agent/shutdown.py).
+        stopped = [(server.stop(grace_s), executor, path) for server, executor, path in reversed(servers)]
+        for done, executor, path in stopped:
+            done.wait()
             # A handler stuck past the grace period must not block shutdown; its thread is left.
             executor.shutdown(wait=False, cancel_futures=True)
             _unlink_socket(path)
