@@ -175,6 +175,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="comma-separated shares of movable pods (e.g. 0,0.25,0.5,1) for a table of flexmig moving "
         "them to make room (moves.py; default: no such table)",
     )
+    parser.add_argument(
+        "--moves-best-case",
+        action="store_true",
+        help="with --movable-shares: moved pods lose no work and the remaining-time and window rules are "
+        "off (moves.py BEST_CASE: the most one-move plans can do)",
+    )
     parser.add_argument("--out", help="also write the Markdown here")
     args = parser.parse_args(argv)
     try:  # the same rules as `flexmig simulate`'s share lists
@@ -182,6 +188,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         movable_shares = parse_shares(args.movable_shares, "movable-shares", open_ends=False)
     except UsageError as exc:
         parser.error(str(exc))
+    if args.moves_best_case and not movable_shares:
+        parser.error("--moves-best-case: needs --movable-shares (the table it changes)")
     modes = [m for m in args.hints.split(",") if m]
     if set(modes) - set(hints.MODES):
         parser.error(
@@ -234,11 +242,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         )
     if movable_shares:
+        rules = moves.BEST_CASE if args.moves_best_case else moves.RULES
+        restart = (
+            "moved pods go on where they stopped, no remaining-time or window rule"
+            if args.moves_best_case
+            else "moved pods restart"
+        )
         parts.append(
             f"### Movable share, flexmig ({args.seeds} seeds x {args.pods} pods, first 20 % skipped; a "
-            "pod that fits nowhere gets room by moving movable pods (one per plan), or is refused; moved "
-            "pods restart; the ceiling is the repacking bound in which only movable pods may move)\n\n"
-            + moves.moves_table(args.seeds, args.pods, scenarios, loads, movable_shares)
+            "pod that fits nowhere gets room by moving movable pods (one per plan), or is refused; "
+            f"{restart}; the ceiling is the repacking bound in which only movable pods may move)\n\n"
+            + moves.moves_table(args.seeds, args.pods, scenarios, loads, movable_shares, rules)
         )
     if "offline" not in skip:
         parts.append(

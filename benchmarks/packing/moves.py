@@ -29,6 +29,9 @@ from .online import MEAN_LIFETIME, Outcome, Pod, Scenario, build_cluster, genera
 
 SHARES = (0.0, 0.25, 0.5, 1.0)
 RULES = RoomRules.scaled(MEAN_LIFETIME, moves=True)  # the controller's 600 s and window, in stream units
+BEST_CASE = RoomRules(moves=True, resume=True)
+"""The most one-move plans can do: moved pods lose no work, and no pod is kept from moving by its
+remaining time or an earlier move (`--moves-best-case`)."""
 MIN_REMAINING, WINDOW = RULES.min_remaining, RULES.window
 
 
@@ -46,11 +49,16 @@ def as_outcome(got: RoomOutcome, name: str) -> Outcome:
 
 
 def run_moves(
-    scenario: Scenario, pods: Sequence[Pod], share: float, seed: int, warmup: float = 0.2
+    scenario: Scenario,
+    pods: Sequence[Pod],
+    share: float,
+    seed: int,
+    warmup: float = 0.2,
+    rules: RoomRules = RULES,
 ) -> tuple[Outcome, int, int]:
     """flexmig with `share` of the pods movable: the outcome, the moves made after warm-up, and the pods
     placed by a plan after warm-up (each of them fit nowhere without its moves)."""
-    sim = RoomSim(build_cluster(scenario), RULES)
+    sim = RoomSim(build_cluster(scenario), rules)
     skip = int(len(pods) * warmup)
     for n, arrival in enumerate(arrivals(pods, share, seed)):
         sim.arrive(arrival, counted=n >= skip)
@@ -68,6 +76,7 @@ def moves_table(
     scenarios: Sequence[Scenario],
     loads: Sequence[float],
     shares: Sequence[float] = SHARES,
+    rules: RoomRules = RULES,
 ) -> str:
     lines = [
         "| scenario | load | movable | pods % | MiB % | ceiling pods % | ceiling MiB % | MiB gap to ceiling, "
@@ -84,7 +93,7 @@ def moves_table(
             for share in shares:
                 total, ceiling, moves, plans = Outcome("moves"), Outcome("ceiling"), 0, 0
                 for seed, stream in enumerate(streams):
-                    got, made, planned = run_moves(scenario, stream, share, seed)
+                    got, made, planned = run_moves(scenario, stream, share, seed, rules=rules)
                     plans += planned
                     total.add(got)
                     ceiling.add(run_ceiling(scenario, stream, share, seed)[0])
@@ -103,4 +112,14 @@ def moves_table(
     return "\n".join(lines)
 
 
-__all__ = ["MIN_REMAINING", "RULES", "SHARES", "WINDOW", "arrivals", "as_outcome", "moves_table", "run_moves"]
+__all__ = [
+    "BEST_CASE",
+    "MIN_REMAINING",
+    "RULES",
+    "SHARES",
+    "WINDOW",
+    "arrivals",
+    "as_outcome",
+    "moves_table",
+    "run_moves",
+]

@@ -83,6 +83,7 @@ class RoomRules:
     min_remaining: float = 0.0  # a pod expected to end sooner is not moved
     window: float = 0.0  # a pod moved within this is not moved again
     max_moves: int = MAX_MOVES
+    resume: bool = False  # a moved pod goes on where it stopped (a workload that checkpoints)
 
     @classmethod
     def scaled(
@@ -397,7 +398,8 @@ class RoomSim:
         for cand, dest in plan.moves:
             moved = self.running[cand.key]
             moved.moved_at = now
-            moved.remaining = moved.pod.lifetime  # restarts at its destination: its work is lost
+            # Restarts at its destination, its work lost; with `resume`, it goes on where it stopped.
+            moved.remaining = max(0.0, moved.end - now) if self.rules.resume else moved.pod.lifetime
             self._start(moved, now, tuple(self._choices[k] for k in dest.devices))
             if self.counting:
                 self.out.moves += 1

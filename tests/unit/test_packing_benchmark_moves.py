@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import pytest
+
 from benchmarks.packing import ceiling, moves, online
 from controller.allocation.moveplan import MovePlan
 from driver.policy.allocator import PackingPolicy
@@ -73,3 +75,38 @@ def test_the_ceiling_is_the_full_bound_with_all_movable_and_flexmig_with_none() 
     assert (none.accepted, none.mib_accepted) == (plain.accepted, plain.mib_accepted)
     half, _ = ceiling.run_ceiling(scenario, stream, 0.5, 1)
     assert plain.mib_accepted <= half.mib_accepted <= bound.mib_accepted
+
+
+def _moved_ends(rules: Any) -> list[tuple[float, float, float, float]]:
+    """(end before the move, end after, when moved, lifetime) of every pod moved in one stream."""
+    scenario = online.SCENARIOS[0]
+    sim = RoomSim(online.build_cluster(scenario), rules)
+    seen: list[tuple[float, float, float, float]] = []
+    plan, move = sim._plan, sim._move
+    before: dict[str, float] = {}
+
+    def watched_plan(job: Any, now: float) -> MovePlan | None:
+        found = plan(job, now)
+        for cand, _ in found.moves if found else ():
+            before[cand.key] = sim.running[cand.key].end
+        return found
+
+    def watched_move(job: Any, now: float) -> bool:
+        before.clear()
+        done = move(job, now)
+        for key, end in before.items():
+            seen.append((end, sim.running[key].end, now, sim.running[key].pod.lifetime))
+        return done
+
+    sim._plan = watched_plan  # type: ignore[method-assign]
+    sim._move = watched_move  # type: ignore[method-assign]
+    for arrival in moves.arrivals(online.generate(scenario, 0.9, 300, 0), 1.0, 0):
+        sim.arrive(arrival, counted=True)
+    return seen
+
+
+def test_a_moved_pod_restarts_and_in_the_best_case_goes_on_where_it_stopped() -> None:
+    restarted = _moved_ends(moves.RULES)
+    assert restarted and all(after == pytest.approx(now + life) for _, after, now, life in restarted)
+    resumed = _moved_ends(moves.BEST_CASE)
+    assert resumed and all(after == pytest.approx(end) for end, after, _, _ in resumed)

@@ -45,6 +45,7 @@ def test_share_lists_follow_flexmig_simulates_rules(capsys: pytest.CaptureFixtur
             "--priority-mix: '1' is out of range; allowed: numbers above 0 and below 1",
         ),
         (["--movable-shares", "0.5,0.5"], "--movable-shares: '0.5' is given twice"),
+        (["--moves-best-case"], "--moves-best-case: needs --movable-shares"),
     ):
         with pytest.raises(SystemExit) as exit_:
             main([*argv, "--skip", "online,offline,scale"])

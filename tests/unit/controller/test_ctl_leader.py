@@ -14,7 +14,7 @@ from ctl_helpers import claim
 from fake_apiserver import Harness
 from kubernetes.client.exceptions import ApiException
 
-import controller.allocation.loop as loop_mod
+import controller.allocation.intake as intake_mod
 import controller.kube.leader as leader_mod
 from controller.kube.leader import LeaderElector
 from controller.kube.store import Event
@@ -220,13 +220,13 @@ def test_resync_of_claims_is_linear_in_pods_and_claims(monkeypatch: pytest.Monke
         ]
     )
     calls = [0]
-    real = loop_mod.referenced_claims
+    real = intake_mod.referenced_claims
 
     def counting(pod: Obj) -> set[str]:
         calls[0] += 1
         return real(pod)
 
-    monkeypatch.setattr(loop_mod, "referenced_claims", counting)
+    monkeypatch.setattr(intake_mod, "referenced_claims", counting)
     ctl.claims_to_check = {f"ns/c{i}" for i in range(claims)}
     for key in sorted(ctl.claims_to_check):
         ctl._check_claim(key)
