@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from kubernetes.client.exceptions import ApiException
 
 from controller.allocation.roomstate import SCHEMA, RoomStateError, dump, restore
-from controller.kube.roomstore import RoomStore, RoomStoreError
+from controller.kube.roomstore import RoomStore, RoomStoreError, TooBig
 from controller.kube.writer import NotLeader
 from controller.state.ledger import Ledger
 
@@ -49,6 +49,7 @@ class RoomSync:
         self.restored = store is None  # nothing to read without a store
         self._mono, self._wall = mono, wall
         self._retry_at = float("-inf")
+        self._trimmed_to: int | None = None
 
     def lost(self) -> None:
         """Not leading: the next leadership reads the document again (another leader may have
@@ -88,7 +89,7 @@ class RoomSync:
         if doc == EMPTY and self.store.absent():
             return  # nothing promised and nothing stored: no map in a cluster that never needed one
         try:
-            self.store.save(doc)
+            self._save_within_bounds(doc)
         except NotLeader:
             pass  # the next leader reads what the last completed write left
         except Exception as exc:
@@ -96,6 +97,23 @@ class RoomSync:
             self._retry_at = self._mono() + RETRY_S
             log.warning("writing the room state failed; tried again after the next step", error=str(exc),
                         retry_s=RETRY_S)  # fmt: skip
+
+    def _save_within_bounds(self, doc: dict[str, Any]) -> None:
+        """Too big for the map (hundreds of preemptors waiting at once): the oldest nominations go
+        first, halved until it fits; the moves, far fewer (rate-limited), are always kept."""
+        assert self.store is not None
+        while True:
+            try:
+                self.store.save(doc)
+                return
+            except TooBig:
+                kept = doc["nominations"]
+                if not kept:
+                    raise
+                doc = {**doc, "nominations": kept[: len(kept) // 2]}  # dump lists the newest first
+                if self._trimmed_to != len(doc["nominations"]):  # once per size, not every step
+                    self._trimmed_to = len(doc["nominations"])
+                    log.warning("room state too big: only the newest nominations kept", kept=self._trimmed_to)
 
     def _bad(self, preemption: Preemption, ledger: Ledger, why: str) -> None:
         self.on_error("room-state-read")

@@ -12,7 +12,8 @@ the map first and writes only if it differs, so a write that landed is never sen
 one that did not land is sent on the next step.
 
 Bounds: the document is refused above `MAX_BYTES` (a ConfigMap holds at most 1 MiB), when written
-and when read back.
+(`TooBig`: controller/allocation/roomsync.py then keeps the newest nominations that fit) and when read
+back.
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ MAX_BYTES = 768 * 1024
 
 class RoomStoreError(ValueError):
     """The stored map cannot be read as a document (not JSON, too big, wrong key)."""
+
+
+class TooBig(RoomStoreError):
+    """A document to write over `MAX_BYTES`: nothing was sent."""
 
 
 def _encode(doc: Any) -> str:
@@ -75,7 +80,7 @@ class RoomStore:
         server holds is read again before the next write)."""
         text = _encode(doc)
         if len(text.encode()) > MAX_BYTES:
-            raise RoomStoreError(f"room state of {len(text.encode())} bytes exceeds {MAX_BYTES}: not written")
+            raise TooBig(f"room state of {len(text.encode())} bytes exceeds {MAX_BYTES}: not written")
         if self._known and self._stored == text:
             return False
         if not self._known:
@@ -130,4 +135,4 @@ class RoomStore:
         self._rv = str((out.get("metadata") or {}).get("resourceVersion") or "") or None
 
 
-__all__ = ["KEY", "MAX_BYTES", "ROOM_STATE_NAME", "RoomStore", "RoomStoreError"]
+__all__ = ["KEY", "MAX_BYTES", "ROOM_STATE_NAME", "RoomStore", "RoomStoreError", "TooBig"]

@@ -266,3 +266,22 @@ def test_a_failed_read_holds_back_decisions_until_it_succeeds() -> None:
     assert h.gated("p")
     h.ctl.step()
     assert not h.gated("p")
+
+
+def test_a_document_too_big_for_the_map_keeps_the_newest_nominations(monkeypatch: pytest.MonkeyPatch) -> None:
+    import controller.kube.roomstore as roomstore
+
+    h = Harness({})
+    now = time.monotonic()
+    p = h.ctl.preemption
+    for i in range(40):
+        devices = frozenset(("n1", f"gpu-{i}-mig-1g5gb-19-{s}") for s in range(7))
+        p.nominations.entries[f"ns/p{i}"] = Nomination(
+            f"ns/p{i}", f"u{i}", "n1", frozenset(), devices, now - 100 + i
+        )
+    whole = len(json.dumps(dump(p, now, time.time())))
+    monkeypatch.setattr(roomstore, "MAX_BYTES", whole // 3)
+    h.ctl.room.save(p)
+    kept = [n["pod"] for n in stored_doc(h)["nominations"]]
+    assert 0 < len(kept) < 40 and kept == [f"ns/p{i}" for i in range(39, 39 - len(kept), -1)]
+    assert h.ctl.metrics.reconcile_errors.labels("room-state-write")._value.get() == 0
