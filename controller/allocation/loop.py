@@ -141,6 +141,7 @@ class Controller(EventIntake, PodAllocation, ClaimChecks):
         self.preemption = preemption or Preemption(self.metrics.registry)
         # Its nominations and moves outlive this leadership (controller/allocation/roomsync.py).
         self.room = RoomSync(room_store, lambda stage: self.metrics.reconcile_errors.labels(stage).inc())
+        self.preemption.persist = lambda: self.room.save(self.preemption)
         self.runner: LoopRunner | None = None
         self.writes = WritePool(write_concurrency)  # pods whose writes may be in flight at once
         self._slices_dirty = False

@@ -22,9 +22,10 @@ eviction, or no replacement was placed `timeout_s` after it ended; each outcome 
 `flexmig_moves_total{result}` and a give-up is an Event on the waiting pod. Moves are rate-limited
 (`per_node` evictions per node and `per_cluster` in all per `RATE_WINDOW_S`), a pod (or its
 replacement) is never moved twice within `window_s`, and the whole feature is off unless enabled.
-The state outlives the leader in the room state (controller/allocation/roomstate.py, written after
-every step that changed it); a move whose step did not end (the leader died) completes as a plain
-recreation (its replacement placed by the policy wherever it fits).
+The state outlives the leader in the room state (controller/allocation/roomstate.py, written right
+after the evictions and after every step that changed it); a move whose leader died between its
+evictions and that write completes as a plain recreation (its replacement placed by the policy
+wherever it fits).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from controller.allocation.nominate import VICTIM_WAIT_S, Nomination, Nomination
 from controller.allocation.preemptpods import Candidate, candidates_by_node
 from controller.allocation.reserve import hold_cover
 from controller.kube.store import object_key
+from controller.runtime import crashpoints
 from controller.state.ledger import Held, Ledger
 from driver.policy.model import EndHint
 
@@ -104,6 +106,7 @@ class _Hooks:
     nominations: Nominations
     evict: Evict
     event: Emit
+    persist: Callable[[], None]
 
 
 class Moves:
@@ -126,9 +129,12 @@ class Moves:
             registry=registry,
         )
 
-    def bind(self, nominations: Nominations, evict: Evict, event: Emit) -> None:
-        """The preemption's nominations, eviction and event writer (controller/allocation/preempt.py)."""
-        self.hooks = _Hooks(nominations, evict, event)
+    def bind(
+        self, nominations: Nominations, evict: Evict, event: Emit, persist: Callable[[], None] = lambda: None
+    ) -> None:
+        """The preemption's nominations, eviction and event writer, and what records the promises for
+        the next leader (controller/allocation/preempt.py)."""
+        self.hooks = _Hooks(nominations, evict, event, persist)
 
     # --- around every step and decision ------------------------------------------------------------
 
@@ -331,6 +337,8 @@ class Moves:
                 return None
             self.hooks.event(st.writer, pod, "Warning", "MoveRefused",
                              f"moving {move.pod_key} was refused ({result}); the moves already begun go on")  # fmt: skip
+        self.hooks.persist()  # the next leader knows of these moves from now on
+        crashpoints.reach("after-move-evictions")
         names = ", ".join(f"{m.pod_key} -> {m.dest.node}" for m in evicted)
         log.info("moving pods to make room", pod=key, node=plan.node, moves=names)
         self.hooks.event(st.writer, pod, "Normal", "MakingRoom",

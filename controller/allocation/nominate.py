@@ -13,7 +13,7 @@ A nomination ends when the preemptor is allocated (`drop`), deleted or no longer
 cluster changed so that it no longer fits, the capacity goes back to everyone), or
 `VICTIM_WAIT_S` after the eviction while victims are still terminating (a pod stuck in termination
 must not hold a GPU forever). It outlives the leader in the room state (controller/allocation/roomstate.py);
-were it lost (the leader died within the step that evicted), the new leader's search counts the
+were it lost (the leader died between the evictions and the write after them), the new leader's search counts the
 victims still terminating as going (controller/allocation/preemptpods.py) and nominates again without
 evicting more.
 """

@@ -88,7 +88,10 @@ class Preemption:
         # Moving movable pods (controller/allocation/moves.py): tried when preemption finds nothing;
         # it reserves the waiting pod's placement with the same nominations. Off unless configured.
         self.moves = moves or Moves(registry=None)
-        self.moves.bind(self.nominations, self._evict, self._event)
+        # Called right after evictions were sent and the promises recorded: the controller writes
+        # them for the next leader then (controller/allocation/roomsync.py), not only after the step.
+        self.persist: Callable[[], None] = lambda: None
+        self.moves.bind(self.nominations, self._evict, self._event, lambda: self.persist())
         self.refused: dict[str, float] = {}  # victim pod uid -> until when a PDB is taken to refuse it
         self._expired_seen = 0
         kw: dict[str, Any] = {"registry": registry}  # None: not registered (unit tests)
@@ -304,6 +307,7 @@ class Preemption:
                 time.monotonic(),
             ),
         )
+        self.persist()
         if not found.victims:
             going = ", ".join(v.key for v in found.going)
             return f"nominated on node {found.node}: {going} already terminating free what this pod needs"

@@ -5,9 +5,9 @@ window, the pods moved lately and the pods a PodDisruptionBudget refused all liv
 memory. After a leader change (a rollout, a crash) they were gone: the room made for a waiting pod
 could go to a third pod, a replacement was placed anywhere, and, worst, a controller that restarted
 again and again could evict `per_cluster` more pods after every start and move the same pod twice
-within the window. So the leader writes them here after every step that changed them
-(controller/kube/roomstore.py keeps the document in a ConfigMap) and a new leader reads them back
-before its first decision.
+within the window. So the leader writes them here right after each set of evictions and after every
+step that changed them (controller/kube/roomstore.py keeps the document in a ConfigMap) and a new
+leader reads them back before its first decision.
 
 `dump` turns the state into plain JSON; `restore` replaces the state with a document's, each field
 checked (`RoomStateError` names the first that is wrong; the caller then starts empty, as before).

@@ -4,7 +4,7 @@ Set `FLEXMIG_CONTROLLER_CRASHPOINTS` to a comma-separated list of point names (s
 first time the process reaches a listed point it logs `controller crashpoint reached` and sends itself
 SIGKILL, so what the API server holds afterwards is exactly what a crash at that step leaves behind.
 Unset (the production default) a hook costs one frozenset lookup. Exists only for tests
-(tests/soak); it changes no product behaviour when the variable is unset.
+(tests/soak, tests/e2e); it changes no product behaviour when the variable is unset.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ ENV_POINTS = "FLEXMIG_CONTROLLER_CRASHPOINTS"
 POINTS: dict[str, str] = {
     "before-allocation-write": "the claim carries our finalizer, its allocation is not yet written",
     "before-gate-removal": "the claims are allocated, the pod's scheduling gate is not yet removed",
+    "after-move-evictions": "pods were evicted to make room and the promises written; nothing placed yet",
 }
 
 

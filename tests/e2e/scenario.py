@@ -251,12 +251,21 @@ class Scenario:
 
     # --- controller -------------------------------------------------------------------------------
 
-    def start_controller(self, extra_args: Sequence[str] = ()) -> ControllerProcess:
+    def start_controller(
+        self,
+        extra_args: Sequence[str] = (),
+        extra_env: Mapping[str, str] | None = None,
+        *,
+        leftovers_gone: bool = True,
+    ) -> ControllerProcess:
+        """`extra_env` adds to the process's environment (e.g. an armed crashpoint); `leftovers_gone=False`
+        for a restart that must find the gated pods a crashed controller left."""
         assert self.controller is None or self.controller.proc.poll() is not None, (
             "controller already running"
         )
-        # The controller places every gated pod it sees: another test's leftover would land on our nodes.
-        wait_no_gated_pods(self.api, {self.namespace, *self.test_namespaces})
+        if leftovers_gone:
+            # The controller places every gated pod it sees: another test's leftover would land on our nodes.
+            wait_no_gated_pods(self.api, {self.namespace, *self.test_namespaces})
         ctrl = self.workload("deployments", self.controller_sa, "controller", self.workdir / "config")
         identity = f"{self.controller_sa}-local"  # stable, so a restarted process keeps its Lease
         args = [a.replace("$(POD_NAME)", identity) for a in ctrl.args]
@@ -268,6 +277,7 @@ class Scenario:
         env.update(ctrl.env)
         env.update({"POD_NAME": identity, "POD_NAMESPACE": self.namespace, "PYTHONPATH": str(REPO)})
         env.update(self.options.controller_env)
+        env.update(extra_env or {})
         argv = [
             sys.executable, "-m", "flexmig.cli", *args, f"--kubeconfig={kubeconfig}", f"--metrics-port={port}",
             *self._webhook_args(), *self._fill(self.options.controller_args), *extra_args,

@@ -20,6 +20,7 @@ from api.constants import ALLOCATION_GATE, ANNOTATION_MOVABLE, DRIVER_NAME
 from controller.kube.rest import pod_path
 from controller.kube.rest import request as send
 from controller.kube.roomstore import KEY, ROOM_STATE_NAME
+from controller.runtime.crashpoints import ENV_POINTS
 
 from .cluster import ControlPlane, wait_until
 from .objects import claim_body, pod_body
@@ -83,8 +84,9 @@ def _room_state(sc: Scenario) -> dict[str, Any]:
     return doc
 
 
-def test_a_big_pod_gets_room_by_moving_a_movable_pod_its_deployment_recreates(sc: Scenario) -> None:
-    ns = sc.test_namespace("moves")
+def _one_small_pod_per_gpu(sc: Scenario, ns: str) -> tuple[dict[str, Any], int, int, dict[str, Any]]:
+    """The Deployment's movable pod on one GPU, the pod without the opt-in ("stay") on the other:
+    (the movable pod, its GPU, the other GPU, "stay")."""
     # A whole GPU taken for a moment, so that the movable pod lands on the other one.
     blocker = _pod(sc, ns, "blocker", [f'{PROFILE} == "7g.40gb"'])
     taken = _gpu(sc, blocker)
@@ -107,11 +109,22 @@ def test_a_big_pod_gets_room_by_moving_a_movable_pod_its_deployment_recreates(sc
     sc.delete_pod(ns, "blocker")
     # The pod that did not opt in, on the GPU the blocker left: each GPU now holds one small pod.
     stay = _pod(sc, ns, "stay", [f'{PROFILE} == "1g.5gb"', f"{INDEX} == {taken}"])
+    return first, moved_from, taken, stay
+
+
+def _big_pod(sc: Scenario, ns: str) -> None:
+    """A 7g.40gb pod: a whole GPU, which only moving the movable pod can free."""
     big = pod_body("big", {"resourceClaimTemplateName": "t-big"}, gates=[ALLOCATION_GATE])
     _template(sc, ns, "t-big", [f'{PROFILE} == "7g.40gb"'])
     big["spec"]["nodeSelector"] = {SCENARIO_LABEL: sc.suffix}
     big["spec"]["terminationGracePeriodSeconds"] = 2
     sc.create(ns, "pods", big)
+
+
+def test_a_big_pod_gets_room_by_moving_a_movable_pod_its_deployment_recreates(sc: Scenario) -> None:
+    ns = sc.test_namespace("moves")
+    first, moved_from, taken, stay = _one_small_pod_per_gpu(sc, ns)
+    _big_pod(sc, ns)
     placed = sc.wait_running(ns, "big", timeout_s=180)
     assert _gpu(sc, placed) == moved_from  # the GPU the movable pod left
     (replacement,) = [p for p in _pods(sc, ns, "mover") if p["metadata"]["uid"] != first["metadata"]["uid"]]
@@ -138,6 +151,35 @@ def test_a_big_pod_gets_room_by_moving_a_movable_pod_its_deployment_recreates(sc
     doc = _room_state(sc)
     assert {m["uid"] for m in doc["moved"]} >= moved and len(doc["evictions"]) == 1
     sc.delete_pod(ns, "after")
+    send(sc.api, "DELETE", f"/apis/apps/v1/namespaces/{ns}/deployments/mover")
+    sc.delete_pod(ns, "big")
+    sc.delete_pod(ns, "stay")
+
+
+def test_a_move_completes_after_the_controller_died_right_after_its_eviction(sc: Scenario) -> None:
+    """The controller is killed (SIGKILL) right after it evicted the movable pod and wrote its promises;
+    the next controller process reads them back, keeps the room for the big pod and places the
+    replacement at its reserved destination, evicting nobody else."""
+    ns = sc.test_namespace("moves-crash")
+    first, moved_from, taken, _ = _one_small_pod_per_gpu(sc, ns)
+    sc.stop_controller()
+    armed = sc.start_controller(extra_env={ENV_POINTS: "after-move-evictions"})
+    _big_pod(sc, ns)
+    wait_until(lambda: armed.proc.poll() is not None, 120, "the armed controller to die at its crashpoint")
+    assert "controller crashpoint reached" in armed.log_text()
+    assert armed.stop() == -9
+    sc.controller = None
+    offset = len(armed.log_text())
+    successor = sc.start_controller(leftovers_gone=False)
+    placed = sc.wait_running(ns, "big", timeout_s=180)
+    assert _gpu(sc, placed) == moved_from
+    (replacement,) = [p for p in _pods(sc, ns, "mover") if p["metadata"]["uid"] != first["metadata"]["uid"]]
+    replacement = sc.wait_running(ns, replacement["metadata"]["name"], timeout_s=120)
+    assert _gpu(sc, replacement) == taken
+    assert "promises of the previous leader read back" in successor.log_text()[offset:]
+    assert [e["involvedObject"]["name"] for e in _events(sc, ns, "Moved")] == [first["metadata"]["name"]]
+    doc = _room_state(sc)
+    assert doc["moves"] == [] and doc["nominations"] == []
     send(sc.api, "DELETE", f"/apis/apps/v1/namespaces/{ns}/deployments/mover")
     sc.delete_pod(ns, "big")
     sc.delete_pod(ns, "stay")

@@ -285,3 +285,30 @@ def test_a_document_too_big_for_the_map_keeps_the_newest_nominations(monkeypatch
     kept = [n["pod"] for n in stored_doc(h)["nominations"]]
     assert 0 < len(kept) < 40 and kept == [f"ns/p{i}" for i in range(39, 39 - len(kept), -1)]
     assert h.ctl.metrics.reconcile_errors.labels("room-state-write")._value.get() == 0
+
+
+class Crashed(BaseException):
+    """The process died here (a BaseException: no handler of the controller catches it)."""
+
+
+def test_the_moves_are_written_before_anything_else_happens_after_their_evictions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import controller.allocation.moves as moves_mod
+
+    def crash(point: str) -> None:
+        if point == "after-move-evictions":
+            raise Crashed(point)
+
+    monkeypatch.setattr(moves_mod.crashpoints, "reach", crash)
+    h = Harness({"n1": ("A100-40GB", 1), "n2": ("A100-40GB", 1)})
+    moves = Moves(MoveSettings(enabled=True))
+    h.ctl.preemption = Preemption(moves=moves)
+    h.ctl.preemption.persist = lambda: h.ctl.room.save(h.ctl.preemption)
+    ev = Evictions(h)
+    movable_setup(h)
+    with pytest.raises(Crashed):
+        h.cycle()
+    assert ev.sent == ["mover"]
+    doc = stored_doc(h)  # written although the step never ended
+    assert [m["pod"] for m in doc["moves"]] == ["ns/mover"] and len(doc["evictions"]) == 1
