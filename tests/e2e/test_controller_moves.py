@@ -23,6 +23,7 @@ from controller.kube.roomstore import KEY, ROOM_STATE_NAME
 from controller.runtime.crashpoints import ENV_POINTS
 
 from .cluster import ControlPlane, wait_until
+from .invariant_watch import InvariantWatch
 from .objects import claim_body, pod_body
 from .scenario import SCENARIO_LABEL, NodeSpec, Scenario, ScenarioOptions, run_for_module
 
@@ -123,6 +124,15 @@ def _big_pod(sc: Scenario, ns: str) -> None:
 
 def test_a_big_pod_gets_room_by_moving_a_movable_pod_its_deployment_recreates(sc: Scenario) -> None:
     ns = sc.test_namespace("moves")
+    with InvariantWatch(sc, ns) as watch:
+        _moves(sc, ns)
+        watch.settle()
+    send(sc.api, "DELETE", f"/apis/apps/v1/namespaces/{ns}/deployments/mover")
+    for name in ("big", "stay", "after"):
+        sc.delete_pod(ns, name)
+
+
+def _moves(sc: Scenario, ns: str) -> None:
     first, moved_from, taken, stay = _one_small_pod_per_gpu(sc, ns)
     _big_pod(sc, ns)
     placed = sc.wait_running(ns, "big", timeout_s=180)
@@ -150,10 +160,6 @@ def test_a_big_pod_gets_room_by_moving_a_movable_pod_its_deployment_recreates(sc
     _pod(sc, ns, "after", [f'{PROFILE} == "1g.5gb"'])
     doc = _room_state(sc)
     assert {m["uid"] for m in doc["moved"]} >= moved and len(doc["evictions"]) == 1
-    sc.delete_pod(ns, "after")
-    send(sc.api, "DELETE", f"/apis/apps/v1/namespaces/{ns}/deployments/mover")
-    sc.delete_pod(ns, "big")
-    sc.delete_pod(ns, "stay")
 
 
 def test_a_move_completes_after_the_controller_died_right_after_its_eviction(sc: Scenario) -> None:
@@ -161,6 +167,15 @@ def test_a_move_completes_after_the_controller_died_right_after_its_eviction(sc:
     the next controller process reads them back, keeps the room for the big pod and places the
     replacement at its reserved destination, evicting nobody else."""
     ns = sc.test_namespace("moves-crash")
+    with InvariantWatch(sc, ns) as watch:
+        _moves_across_a_crash(sc, ns)
+        watch.settle()
+    send(sc.api, "DELETE", f"/apis/apps/v1/namespaces/{ns}/deployments/mover")
+    sc.delete_pod(ns, "big")
+    sc.delete_pod(ns, "stay")
+
+
+def _moves_across_a_crash(sc: Scenario, ns: str) -> None:
     first, moved_from, taken, _ = _one_small_pod_per_gpu(sc, ns)
     sc.stop_controller()
     armed = sc.start_controller(extra_env={ENV_POINTS: "after-move-evictions"})
@@ -180,6 +195,3 @@ def test_a_move_completes_after_the_controller_died_right_after_its_eviction(sc:
     assert [e["involvedObject"]["name"] for e in _events(sc, ns, "Moved")] == [first["metadata"]["name"]]
     doc = _room_state(sc)
     assert doc["moves"] == [] and doc["nominations"] == []
-    send(sc.api, "DELETE", f"/apis/apps/v1/namespaces/{ns}/deployments/mover")
-    sc.delete_pod(ns, "big")
-    sc.delete_pod(ns, "stay")

@@ -21,6 +21,7 @@ from controller.kube.rest import pod_path
 from controller.kube.rest import request as send
 
 from .cluster import ControlPlane, wait_until
+from .invariant_watch import InvariantWatch
 from .objects import claim_body, pod_body
 from .scenario import SCENARIO_LABEL, NodeSpec, Scenario
 
@@ -94,6 +95,13 @@ def _evictions(sc: Scenario, result: str) -> float:
 
 def test_a_high_priority_pod_preempts_a_lower_one_on_a_full_node_and_runs(sc: Scenario) -> None:
     ns = sc.test_namespace("preempt")
+    with InvariantWatch(sc, ns) as watch:
+        _preempts(sc, ns)
+        watch.settle()
+    sc.delete_pod(ns, "high")
+
+
+def _preempts(sc: Scenario, ns: str) -> None:
     _pod(sc, ns, "low", "low")
     low = sc.wait_running(ns, "low")
     _pod(sc, ns, "high", "high")
@@ -112,7 +120,6 @@ def test_a_high_priority_pod_preempts_a_lower_one_on_a_full_node_and_runs(sc: Sc
     (claim,) = sc.claims_of(high)
     (result,) = claim["status"]["allocation"]["devices"]["results"]
     assert "7g40gb" in result["device"]
-    sc.delete_pod(ns, "high")
 
 
 def test_a_disruption_budget_that_forbids_the_eviction_is_respected(sc: Scenario) -> None:
@@ -124,6 +131,14 @@ def test_a_disruption_budget_that_forbids_the_eviction_is_respected(sc: Scenario
         "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}},
     }
     send(sc.api, "POST", f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets", pdb)
+    with InvariantWatch(sc, ns) as watch:
+        _refused(sc, ns)
+        watch.settle()
+    sc.delete_pod(ns, "urgent")
+    sc.delete_pod(ns, "guarded")
+
+
+def _refused(sc: Scenario, ns: str) -> None:
     _pod(sc, ns, "guarded", "low")
     sc.wait_running(ns, "guarded")
     refused_before = _evictions(sc, "refused")
@@ -133,5 +148,3 @@ def test_a_disruption_budget_that_forbids_the_eviction_is_respected(sc: Scenario
     assert not guarded["metadata"].get("deletionTimestamp")
     assert guarded["status"]["phase"] == "Running"
     assert _gated(sc, ns, "urgent") and not _events(sc, ns, "guarded", "Preempted")
-    sc.delete_pod(ns, "urgent")
-    sc.delete_pod(ns, "guarded")
