@@ -22,6 +22,7 @@ from flexmig.cliargs import float_in
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
 PODS = "/api/v1/pods"
+CONFIG_MAPS = "/api/v1/configmaps"
 PAGE = 500
 MAX_TIMEOUT_S = 3600.0  # an hour per request is already a hung API server
 
@@ -132,8 +133,29 @@ def list_all(api: Any, path: str, timeout_s: float, field_selector: str = "") ->
             return items
 
 
+def room_states(api: Any, timeout_s: float) -> tuple[list[Any], str | None]:
+    """The controllers' room-state documents (devices held for waiting pods: one per release, found by
+    name in any namespace) and a note when some could not be read."""
+    import json
+
+    from controller.kube.roomstore import KEY, ROOM_STATE_NAME
+
+    try:
+        maps = list_all(api, CONFIG_MAPS, timeout_s, f"metadata.name={ROOM_STATE_NAME}")
+    except StatusError as exc:  # e.g. no right to list ConfigMaps: the maps are still worth drawing
+        return [], f"(devices held for waiting pods not shown: {exc})"
+    docs, bad = [], []
+    for m in maps:
+        try:
+            docs.append(json.loads((m.get("data") or {}).get(KEY) or "null"))
+        except ValueError:
+            bad.append(f"{m['metadata'].get('namespace')}/{ROOM_STATE_NAME}")
+    return docs, (f"(devices held for waiting pods: {', '.join(bad)} is not JSON)" if bad else None)
+
+
 def run(args: argparse.Namespace) -> int:
     from controller.state.inventory import Inventory
+    from controller.views.statusheld import held_document, held_lines, held_rows
     from controller.views.statusmodel import collect_allocations
     from controller.views.statusview import render
 
@@ -153,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
             if any(not h.pods for h in holders):
                 # Some claim names no pod itself (not reserved yet, not generated): find who references it.
                 allocations = collect_allocations(claims, list_all(api, PODS, args.timeout))
+            docs, note = room_states(api, args.timeout)
         finally:
             api.close()
     except StatusError as exc:
@@ -165,15 +188,20 @@ def run(args: argparse.Namespace) -> int:
 
         from controller.views.statusdata import status_document
 
-        doc = status_document(Inventory(slices), allocations, node=args.node)
+        out = status_document(Inventory(slices), allocations, node=args.node)
+        out["held"] = held_document(held_rows(docs, args.node))
+        if note:
+            print(note, file=sys.stderr)
         text = (
-            json.dumps(doc, indent=2) + "\n"
+            json.dumps(out, indent=2) + "\n"
             if args.output == "json"
-            else yaml.safe_dump(doc, sort_keys=False)
+            else yaml.safe_dump(out, sort_keys=False)
         )
         sys.stdout.write(text)
         return 0
     color = not args.no_color and sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     text = render(Inventory(slices), allocations, color=color, node=args.node)
     print(text)
+    for line in held_lines(held_rows(docs, args.node), note):
+        print(line)
     return 0

@@ -14,6 +14,7 @@ from kubernetes import client as k8s
 
 from api.constants import DRIVER_NAME
 from controller.kube.rest import claim_path, request
+from controller.kube.roomstore import KEY, ROOM_STATE_NAME
 from driver.catalog.simulated import simulated_catalog
 from flexmig.cli import main
 from kubeletplugin.publish.slices import build_node_slices
@@ -98,6 +99,14 @@ def test_status_draws_the_slice_map(control_plane: ControlPlane, capsys: pytest.
             )
             # Allocated, not reserved by any pod yet: status finds no pod for it.
             _allocate(api, ns, "infer", node, "gpu-0-mig-1g5gb-19-0", {})
+            # What a controller holds for a waiting pod (its room state): free in the map, yet kept.
+            held = {"pool": node, "device": "gpu-0-mig-2g10gb-14-2"}
+            state = {"schema": 1, "nominations": [
+                {"pod": f"{ns}/urgent", "uid": "u", "node": node, "victims": [], "devices": [held],
+                 "since": 1.0, "allGoneAt": 1.0},
+            ], "moves": [], "targets": [], "moved": [], "evictions": [], "moveRefused": [], "preemptionRefused": []}  # fmt: skip
+            room = {"metadata": {"name": ROOM_STATE_NAME}, "data": {KEY: json.dumps(state)}}
+            request(api, "POST", f"/api/v1/namespaces/{ns}/configmaps", room)
 
             code = main(
                 ["status", "--kubeconfig", str(control_plane.kubeconfig), "--no-color", "--node", node]
@@ -119,7 +128,11 @@ def test_status_draws_the_slice_map(control_plane: ControlPlane, capsys: pytest.
             assert any("0  1g.5gb" in ln and "pod ?" in ln and f"claim {ns}/infer" in ln for ln in lines)
             assert "  free: memory slices 1-3 (3/8); compute 4/7 slices used" in lines
             assert "  still fits: 1g.5gb x3, 2g.10gb x1" in lines
-            assert lines[-1] == "1 GPU on 1 node, 2 allocated devices"
+            summary = lines.index("1 GPU on 1 node, 2 allocated devices")
+            assert lines[summary + 1 :] == [
+                "Held for waiting pods (free in the maps above, kept by the controller):",
+                f"  {ns}/urgent: preemption on {node}: gpu-0-mig-2g10gb-14-2",
+            ]
 
             # The same as data for scripts (-o json / -o yaml).
             base = ["status", "--kubeconfig", str(control_plane.kubeconfig), "--node", node]
@@ -132,6 +145,15 @@ def test_status_draws_the_slice_map(control_plane: ControlPlane, capsys: pytest.
             assert taken == {("3g.20gb", 4, f"{ns}/train"), ("1g.5gb", 0, f"{ns}/infer")}
             assert {"profile": "2g.10gb", "count": 1} in gpu["fits"]
             assert doc["summary"] == {"gpus": 1, "nodes": 1, "allocatedDevices": 2}
+            assert doc["held"] == [
+                {
+                    "for": f"{ns}/urgent",
+                    "why": "preemption",
+                    "node": node,
+                    "devices": ["gpu-0-mig-2g10gb-14-2"],
+                    "note": "",
+                }
+            ]
             assert main([*base, "-o", "yaml"]) == 0
             assert yaml.safe_load(capsys.readouterr().out) == doc
 
