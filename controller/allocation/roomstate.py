@@ -118,7 +118,7 @@ def dump(preemption: Preemption, now_mono: float, now_wall: float) -> Obj:
             "since": clock.to_wall(m.since),
             "goneAt": None if m.gone_at is None else clock.to_wall(m.gone_at),
             "replacement": m.replacement,
-            "replacementUID": m.replacement_uid,
+            "replacementUID": m.replacement_uid or None,
         }
         for m in moves.active.values()
     ]
@@ -279,7 +279,7 @@ def restore(preemption: Preemption, ledger: Ledger, doc: Any, now_mono: float, n
             mono(item, "since", where),
             opt_mono(item, "goneAt", where),
             _str(item, "replacement", where, optional=True),
-            str(item.get("replacementUID") or ""),
+            _str(item, "replacementUID", where, optional=True) or "",
         )
 
     def target(item: Any, where: str) -> None:

@@ -201,6 +201,7 @@ def test_a_document_reads_back_to_the_same_state() -> None:
         (("nominations", 0, "since"), "yesterday", "state.nominations[0].since"),
         (("moves", 0, "shape", 0), ["gpu"], "state.moves[0].shape[0]"),
         (("moves", 0, "destNode"), "", "state.moves[0].destNode"),
+        (("moves", 0, "replacementUID"), ["u"], "state.moves[0].replacementUID"),
         (("evictions",), [{"at": 1.0}], "state.evictions[0].node"),
         (("moved",), [{"uid": "u", "at": float("nan")}], "state.moved[0].at"),
     ],
