@@ -174,6 +174,7 @@ def populated() -> Preemption:
     move = Move(
         "ns/a", "pod-a", "rs-1", (("gpu", "small"),), "n1",
         Destination("n2", frozenset({("n2", "gpu-0-mig-1g5gb-19-3")})), "ns/big", now - 5, now - 1,
+        "ns/a-2", "pod-a2",
     )  # fmt: skip
     p.moves.active["pod-a"] = move
     p.moves.targets["ns/big"] = ("pod-big", frozenset({("n1", "gpu-0-mig-7g40gb-0-0")}))
