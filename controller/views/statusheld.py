@@ -11,7 +11,7 @@ an error, since the view must still draw the rest.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +43,17 @@ def _devices(entry: Mapping[str, Any], key: str) -> tuple[str, ...] | None:
     return tuple(sorted(out))
 
 
+def _fields(entry: Any, names: Sequence[str], devices_key: str) -> tuple[list[str], tuple[str, ...]] | None:
+    """The named text fields and the device list of one entry; None when any is missing or wrong."""
+    if not isinstance(entry, Mapping):
+        return None
+    texts = [_text(entry, n) for n in names]
+    devices = _devices(entry, devices_key)
+    if devices is None or any(t is None for t in texts):
+        return None
+    return [t for t in texts if t is not None], devices
+
+
 def _text(entry: Mapping[str, Any], key: str) -> str | None:
     value = entry.get(key)
     return value if isinstance(value, str) and value else None
@@ -60,44 +71,33 @@ def _rows(doc: Any, node: str | None) -> Held:
     rows: list[HeldRow] = []
     skipped = 0
 
-    def entries(key: str) -> Sequence[Any]:
-        value = doc.get(key)
-        return value if isinstance(value, list) else ()
+    def readable(
+        key: str, names: Sequence[str], devices_key: str
+    ) -> Iterator[tuple[Mapping[str, Any], list[str], tuple[str, ...]]]:
+        nonlocal skipped
+        entries = doc.get(key)
+        for entry in entries if isinstance(entries, list) else ():
+            read = _fields(entry, names, devices_key)
+            if read is None:
+                skipped += 1
+            else:
+                yield entry, *read
 
     nominated_nodes: dict[str, str] = {}
-    for n in entries("nominations"):
-        pod = _text(n, "pod") if isinstance(n, Mapping) else None
-        where = _text(n, "node") if isinstance(n, Mapping) else None
-        devices = _devices(n, "devices") if isinstance(n, Mapping) else None
-        if pod is None or where is None or devices is None:
-            skipped += 1
-            continue
+    for n, (pod, where), devices in readable("nominations", ("pod", "node"), "devices"):
         nominated_nodes[pod] = where
         victims = n.get("victims")
         going = len(victims) if isinstance(victims, list) and n.get("allGoneAt") is None else 0
         if devices or going:
             note = f"{going} evicted pod(s) still ending" if going else ""
             rows.append(HeldRow("preemption", pod, where, devices, note))
-    for t in entries("targets"):
-        pod = _text(t, "pod") if isinstance(t, Mapping) else None
-        devices = _devices(t, "devices") if isinstance(t, Mapping) else None
-        if pod is None or devices is None:
-            skipped += 1
-            continue
+    for t, (pod,), devices in readable("targets", ("pod",), "devices"):
         rows.append(HeldRow("making room", pod, nominated_nodes.get(pod, _pool(t)), devices))
-    for m in entries("moves"):
-        moved = _text(m, "pod") if isinstance(m, Mapping) else None
-        where = _text(m, "destNode") if isinstance(m, Mapping) else None
-        devices = _devices(m, "destDevices") if isinstance(m, Mapping) else None
-        if moved is None or where is None or devices is None:
-            skipped += 1
-            continue
-        replacement = _text(m, "replacement")
+    for m, (moved, where), devices in readable("moves", ("pod", "destNode"), "destDevices"):
         for_pod = _text(m, "forPod") or "?"
         note = f"moved from {_text(m, 'source') or '?'} to make room for {for_pod}"
-        rows.append(
-            HeldRow("move destination", replacement or f"the replacement of {moved}", where, devices, note)
-        )
+        who = _text(m, "replacement") or f"the replacement of {moved}"
+        rows.append(HeldRow("move destination", who, where, devices, note))
     if node is not None:
         rows = [r for r in rows if r.node == node]
     return Held(tuple(rows), skipped)

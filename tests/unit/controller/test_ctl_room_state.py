@@ -232,24 +232,22 @@ def test_times_in_the_future_are_taken_as_now_and_deadlines_are_bounded() -> Non
     assert fresh.refused["pod-c"] <= mono + 60
 
 
-def test_an_unreadable_document_is_reported_and_allocation_goes_on() -> None:
-    h = Harness({"n1": ("A100-40GB", 1)})
+def _unreadable(h: Harness) -> None:
     h.api.objects["configmaps"][MAP] = {
         "metadata": {"name": ROOM_STATE_NAME, "namespace": ROOM_NAMESPACE, "resourceVersion": "5"},
         "data": {KEY: json.dumps({"schema": 1, "nominations": "everything"})},
     }
-    h.ctl.room.lost()  # as after a handover: read at the next leading step
-    waiting(h, "p", 4000, 0)
-    h.deliver()
-    h.cycle()
-    assert not h.gated("p")
-    assert h.ctl.metrics.reconcile_errors.labels("room-state-read")._value.get() == 1
 
 
-def test_a_replica_not_allowed_to_read_the_map_allocates_without_promises() -> None:
-    h = Harness({"n1": ("A100-40GB", 1)})
-    h.ctl.room.lost()
+def _forbidden(h: Harness) -> None:
     h.api.fail.append(("GET", f"/configmaps/{ROOM_STATE_NAME}", 403))
+
+
+@pytest.mark.parametrize("problem", [_unreadable, _forbidden], ids=["unreadable document", "403"])
+def test_a_document_it_cannot_read_is_reported_and_allocation_goes_on(problem: Any) -> None:
+    h = Harness({"n1": ("A100-40GB", 1)})
+    problem(h)
+    h.ctl.room.lost()  # as after a handover: read at the next leading step
     waiting(h, "p", 4000, 0)
     h.deliver()
     h.cycle()
