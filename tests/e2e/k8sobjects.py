@@ -32,17 +32,26 @@ def _now_rfc3339() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+
+
 def create_ready_node(
     api: Any,
     name: str,
     *,
     labels: Mapping[str, str] | None = None,
     capacity: Mapping[str, str] | None = None,
+    wait_s: float = 60.0,
 ) -> None:
-    """Create a Node object with a Ready condition, allocatable resources and a node Lease.
+    """Create a Node object with a Ready condition, allocatable resources and a node Lease, and wait
+    until it is schedulable.
 
     This is what a registering kubelet writes; with no kubelet running, the node stays schedulable
-    only while `heartbeat_node` is called (the node-lifecycle controller's grace period is ~50s).
+    only while `heartbeat_node` is called (the node-lifecycle controller's grace period is ~50s). The
+    API server puts `node.kubernetes.io/not-ready:NoSchedule` on every new node, and the node
+    lifecycle controller removes it once it has seen the node Ready: 0.2 s on an idle machine,
+    seconds on a loaded one. Until then kube-scheduler and the flexmig controller both avoid the
+    node, so a test that expects a pod there must not start before (`wait_s=0`: do not wait).
     """
     from kubernetes import client as k8s
 
@@ -56,6 +65,13 @@ def create_ready_node(
         )
     )
     heartbeat_node(api, name, capacity=cap)
+    if wait_s:
+
+        def schedulable() -> bool:
+            taints = core.read_node(name).spec.taints or []
+            return not any(t.key == NOT_READY_TAINT for t in taints)
+
+        wait_until(schedulable, wait_s, f"node {name} to lose the {NOT_READY_TAINT} taint")
 
 
 def heartbeat_node(api: Any, name: str, *, capacity: Mapping[str, str] | None = None) -> None:
