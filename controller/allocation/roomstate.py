@@ -11,9 +11,9 @@ leader reads them back before its first decision.
 
 `dump` turns the state into plain JSON; `restore` replaces the state with a document's, each field
 checked (`RoomStateError` names the first that is wrong; the caller then starts empty, as before).
-Times are monotonic in memory and wall-clock seconds in the document: each is converted against
-"now" on the side that reads or writes it, so a clock skew between two replicas shifts the timers by
-that skew and no more; times in the future (a skewed clock, or a forged document) are taken as now.
+Times are monotonic in memory and wall-clock seconds in the document: each side converts them
+against one reading of both of its clocks (controller/allocation/roomsync.py takes it once per
+leadership), so a clock skew between two replicas shifts the timers by that skew and no more; times in the future (a skewed clock, or a forged document) are taken as now.
 Bounds: at most `MAX_ENTRIES` entries of each kind are written (the newest), and at most
 `MAX_ITEMS` uids or devices in one entry are read back.
 """
@@ -39,6 +39,9 @@ MAX_ITEMS = 4096
 MAX_NAME = 512  # longer than any pod key or uid the API server accepts
 
 Obj = dict[str, Any]
+KINDS = ("nominations", "moves", "targets", "moved", "evictions", "moveRefused", "preemptionRefused")
+EMPTY: Obj = {"schema": SCHEMA, **{kind: [] for kind in KINDS}}
+"""The document of a state with no promise (what `dump` gives for one)."""
 
 
 class RoomStateError(ValueError):
@@ -322,4 +325,4 @@ def restore(preemption: Preemption, ledger: Ledger, doc: Any, now_mono: float, n
     preemption.refused = pdb_refused
 
 
-__all__ = ["MAX_ENTRIES", "SCHEMA", "RoomStateError", "dump", "restore"]
+__all__ = ["EMPTY", "KINDS", "MAX_ENTRIES", "SCHEMA", "RoomStateError", "dump", "restore"]

@@ -1,5 +1,5 @@
 """Preemption's and moves' promises carried across leaders: read back once per leadership, written
-after each step that changed them (controller/allocation/roomstate.py is the document,
+right after each set of evictions and after each step that changed them (controller/allocation/roomstate.py is the document,
 controller/kube/roomstore.py the ConfigMap that holds it).
 
 A new leader reads before its first decision: a read that fails raises (the loop backs off and the
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from kubernetes.client.exceptions import ApiException
 
-from controller.allocation.roomstate import SCHEMA, RoomStateError, dump, restore
+from controller.allocation.roomstate import EMPTY, RoomStateError, dump, restore
 from controller.kube.roomstore import RoomStore, RoomStoreError, TooBig
 from controller.kube.writer import NotLeader
 from controller.state.ledger import Ledger
@@ -30,9 +30,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 RETRY_S = 5.0  # after a failed write: steps come many a second, a failing write must not follow each
-
-EMPTY = {"schema": SCHEMA, "nominations": [], "moves": [], "targets": [], "moved": [], "evictions": [],
-         "moveRefused": [], "preemptionRefused": []}  # fmt: skip
 
 
 class RoomSync:
@@ -48,6 +45,10 @@ class RoomSync:
         self.on_error = on_error
         self.restored = store is None  # nothing to read without a store
         self._mono, self._wall = mono, wall
+        # One reading of both clocks per leadership, for every conversion between them: two readings
+        # per write would differ by microseconds, and times rounded to the millisecond would then
+        # change now and then with nothing else changed, rewriting the map for nothing.
+        self._epoch = (mono(), wall())
         self._retry_at = float("-inf")
         self._trimmed_to: int | None = None
 
@@ -60,6 +61,7 @@ class RoomSync:
         """Before the first decision of a leadership. Raises when the read fails."""
         if self.restored or self.store is None:
             return
+        self._epoch = (self._mono(), self._wall())
         try:
             doc = self.store.load()
         except RoomStoreError as exc:
@@ -72,7 +74,7 @@ class RoomSync:
             self._bad(preemption, ledger, f"reading configmap {self.store.name}: {exc.status} {exc.reason}")
             return
         try:
-            restore(preemption, ledger, EMPTY if doc is None else doc, self._mono(), self._wall())
+            restore(preemption, ledger, EMPTY if doc is None else doc, *self._epoch)
         except RoomStateError as exc:
             self._bad(preemption, ledger, str(exc))
             return
@@ -85,7 +87,7 @@ class RoomSync:
         """After a leading step: write the document if it changed. Never raises."""
         if self.store is None or not self.restored or self._mono() < self._retry_at:
             return
-        doc = dump(preemption, self._mono(), self._wall())
+        doc = dump(preemption, *self._epoch)
         if doc == EMPTY and self.store.absent():
             return  # nothing promised and nothing stored: no map in a cluster that never needed one
         try:
@@ -118,7 +120,7 @@ class RoomSync:
     def _bad(self, preemption: Preemption, ledger: Ledger, why: str) -> None:
         self.on_error("room-state-read")
         log.error("the stored room state cannot be read; starting without promises", error=why)
-        restore(preemption, ledger, EMPTY, self._mono(), self._wall())
+        restore(preemption, ledger, EMPTY, *self._epoch)
         self.restored = True
 
 

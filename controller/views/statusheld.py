@@ -2,10 +2,10 @@
 
 Placements held for a preemptor or for a move (docs/preemption.md, docs/moves.md) look free in the
 slice map, yet no other pod gets them: the controller's ledger holds them. The controller keeps
-those promises in the ConfigMap `flexmig-room-state` (controller/allocation/roomstate.py writes the
-document), so this view reads them from there: each nomination (the devices freed for a preemptor,
-or making room for it), each target a move makes room for, and each moved pod's reserved
-destination. The document is read leniently: an entry it cannot read is skipped and counted, never
+those promises in the ConfigMap `flexmig-room-state` of its own namespace (the document of
+controller/allocation/roomstate.py), so this view reads them from there: each nomination (the
+devices freed for a preemptor, or making room for it), each target a move makes room for, and each
+moved pod's reserved destination. The document is read leniently: an entry it cannot read is skipped and counted, never
 an error, since the view must still draw the rest.
 """
 
@@ -59,13 +59,8 @@ def _text(entry: Mapping[str, Any], key: str) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def held_rows(docs: Sequence[Any], node: str | None = None) -> Held:
-    """The rows of the room-state documents (one per controller), only `node`'s if given."""
-    parts = [_rows(doc, node) for doc in docs]
-    return Held(tuple(r for p in parts for r in p.rows), sum(p.skipped for p in parts))
-
-
-def _rows(doc: Any, node: str | None) -> Held:
+def held_rows(doc: Any, node: str | None = None) -> Held:
+    """The rows of the room-state document `doc` (None: there is none), only `node`'s if given."""
     if not isinstance(doc, Mapping):
         return Held((), 0 if doc is None else 1)
     rows: list[HeldRow] = []

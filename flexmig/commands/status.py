@@ -15,14 +15,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from api.constants import DRIVER_NAME
+from api.constants import DRIVER_NAME, is_dns_label
 from driver.transportretry import with_safe_retries
 from flexmig.cliargs import float_in
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
 PODS = "/api/v1/pods"
-CONFIG_MAPS = "/api/v1/configmaps"
 PAGE = 500
 MAX_TIMEOUT_S = 3600.0  # an hour per request is already a hung API server
 
@@ -48,6 +47,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--context", default=None, help="kubeconfig context (default: the current one)")
     parser.add_argument("--node", default=None, metavar="NAME", help="only this node's GPUs")
+    parser.add_argument(
+        "--controller-namespace",
+        type=namespace_name,
+        default="flexmig-system",
+        metavar="NS",
+        help="the namespace flexmig is installed in, where the controller keeps the devices it holds "
+        "for waiting pods (default flexmig-system)",
+    )
     parser.add_argument(
         "--no-color",
         action="store_true",
@@ -133,24 +140,40 @@ def list_all(api: Any, path: str, timeout_s: float, field_selector: str = "") ->
             return items
 
 
-def room_states(api: Any, timeout_s: float) -> tuple[list[Any], str | None]:
-    """The controllers' room-state documents (devices held for waiting pods: one per release, found by
-    name in any namespace) and a note when some could not be read."""
+def namespace_name(text: str) -> str:
+    """An argparse type: a namespace name (a DNS label: it goes into the request's path)."""
+    if not is_dns_label(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a namespace name; allowed: lowercase letters, digits and '-', at most 63"
+        )
+    return text
+
+
+def room_state(api: Any, namespace: str, timeout_s: float) -> tuple[Any, str | None]:
+    """The controller's room-state document (devices held for waiting pods; None: there is none) and a
+    note when it could not be read. Only the controller's own namespace is read: a map of that name
+    elsewhere is anybody's."""
     import json
 
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    from controller.kube.rest import config_map_path, request
     from controller.kube.roomstore import KEY, ROOM_STATE_NAME
 
+    where = f"{namespace}/{ROOM_STATE_NAME}"
     try:
-        maps = list_all(api, CONFIG_MAPS, timeout_s, f"metadata.name={ROOM_STATE_NAME}")
-    except StatusError as exc:  # e.g. no right to list ConfigMaps: the maps are still worth drawing
-        return [], f"(devices held for waiting pods not shown: {exc})"
-    docs, bad = [], []
-    for m in maps:
-        try:
-            docs.append(json.loads((m.get("data") or {}).get(KEY) or "null"))
-        except ValueError:
-            bad.append(f"{m['metadata'].get('namespace')}/{ROOM_STATE_NAME}")
-    return docs, (f"(devices held for waiting pods: {', '.join(bad)} is not JSON)" if bad else None)
+        cm = request(api, "GET", config_map_path(namespace, ROOM_STATE_NAME), timeout_s=timeout_s)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None, None
+        return None, f"(devices held for waiting pods not shown: reading {where}: {exc.status} {exc.reason})"
+    except (HTTPError, OSError, ValueError) as exc:
+        return None, f"(devices held for waiting pods not shown: reading {where}: {_describe(exc)})"
+    try:
+        return json.loads((cm.get("data") or {}).get(KEY) or "null"), None
+    except ValueError:
+        return None, f"(devices held for waiting pods not shown: {where} is not JSON)"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -175,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
             if any(not h.pods for h in holders):
                 # Some claim names no pod itself (not reserved yet, not generated): find who references it.
                 allocations = collect_allocations(claims, list_all(api, PODS, args.timeout))
-            docs, note = room_states(api, args.timeout)
+            doc, note = room_state(api, args.controller_namespace, args.timeout)
         finally:
             api.close()
     except StatusError as exc:
@@ -189,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
         from controller.views.statusdata import status_document
 
         out = status_document(Inventory(slices), allocations, node=args.node)
-        out["held"] = held_document(held_rows(docs, args.node))
+        out["held"] = held_document(held_rows(doc, args.node))
         if note:
             print(note, file=sys.stderr)
         text = (
@@ -202,6 +225,6 @@ def run(args: argparse.Namespace) -> int:
     color = not args.no_color and sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     text = render(Inventory(slices), allocations, color=color, node=args.node)
     print(text)
-    for line in held_lines(held_rows(docs, args.node), note):
+    for line in held_lines(held_rows(doc, args.node), note):
         print(line)
     return 0

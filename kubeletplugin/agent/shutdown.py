@@ -13,14 +13,25 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-
-from driver.looprunner import LoopRunner
+from typing import Protocol
 
 STOP_LOOPS_S = 10.0
 
 
+class Loop(Protocol):
+    """What of a loop (driver/looprunner.py `LoopRunner`) stopping it needs."""
+
+    name: str
+
+    def stop(self) -> None: ...
+
+    def join(self, timeout_s: float | None = None) -> None: ...
+
+    def alive(self) -> bool: ...
+
+
 def stop_loops(
-    runners: Sequence[LoopRunner], budget_s: float = STOP_LOOPS_S, clock: Callable[[], float] = time.monotonic
+    runners: Sequence[Loop], budget_s: float = STOP_LOOPS_S, clock: Callable[[], float] = time.monotonic
 ) -> list[str]:
     """Stop every loop and wait for them together for at most `budget_s`; the names still running."""
     for runner in runners:
@@ -31,4 +42,4 @@ def stop_loops(
     return [r.name for r in runners if r.alive()]
 
 
-__all__ = ["STOP_LOOPS_S", "stop_loops"]
+__all__ = ["STOP_LOOPS_S", "Loop", "stop_loops"]

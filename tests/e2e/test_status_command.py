@@ -109,7 +109,16 @@ def test_status_draws_the_slice_map(control_plane: ControlPlane, capsys: pytest.
             request(api, "POST", f"/api/v1/namespaces/{ns}/configmaps", room)
 
             code = main(
-                ["status", "--kubeconfig", str(control_plane.kubeconfig), "--no-color", "--node", node]
+                [
+                    "status",
+                    "--kubeconfig",
+                    str(control_plane.kubeconfig),
+                    "--no-color",
+                    "--node",
+                    node,
+                    "--controller-namespace",
+                    ns,
+                ]
             )
             out, err = capsys.readouterr()
             assert code == 0, err
@@ -135,7 +144,15 @@ def test_status_draws_the_slice_map(control_plane: ControlPlane, capsys: pytest.
             ]
 
             # The same as data for scripts (-o json / -o yaml).
-            base = ["status", "--kubeconfig", str(control_plane.kubeconfig), "--node", node]
+            base = [
+                "status",
+                "--kubeconfig",
+                str(control_plane.kubeconfig),
+                "--node",
+                node,
+                "--controller-namespace",
+                ns,
+            ]
             capsys.readouterr()  # drop the text printed above
             assert main([*base, "-o", "json"]) == 0
             doc = json.loads(capsys.readouterr().out)

@@ -40,6 +40,15 @@ def test_status_timeout_must_be_positive(value: str, needle: str, capsys: pytest
     assert needle in _one_line_exit_2(["status", "--timeout", value], capsys)
 
 
+@pytest.mark.parametrize("value", ["../kube-system", "a/b", "Flexmig", "x" * 64, ""])
+def test_status_controller_namespace_must_be_a_namespace_name(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It goes into a request's path: no '/', no '..', nothing a namespace cannot be called.
+    err = _one_line_exit_2(["status", "--controller-namespace", value], capsys)
+    assert "argument --controller-namespace:" in err and "is not a namespace name; allowed:" in err
+
+
 def test_controller_without_a_kubeconfig_names_the_flag(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -20,7 +20,8 @@ from controller.allocation.moveplan import Destination
 from controller.allocation.moves import Move, Moves, MoveSettings
 from controller.allocation.nominate import Nomination
 from controller.allocation.preempt import Preemption
-from controller.allocation.roomstate import RoomStateError, dump, restore
+from controller.allocation.roomstate import EMPTY, RoomStateError, dump, restore
+from controller.allocation.roomsync import RoomSync
 from controller.kube.roomstore import KEY, MAX_BYTES, ROOM_STATE_NAME, RoomStore, RoomStoreError
 from controller.kube.watchcache import RESOURCES, WatchCache
 from controller.state.inventory import Inventory
@@ -187,6 +188,7 @@ def populated() -> Preemption:
 
 def test_a_document_reads_back_to_the_same_state() -> None:
     mono, wall = time.monotonic(), time.time()
+    assert dump(Preemption(), mono, wall) == EMPTY  # what "nothing promised" is compared with
     doc = json.loads(json.dumps(dump(populated(), mono, wall)))
     fresh = Preemption(moves=Moves(MoveSettings(enabled=True)))
     restore(fresh, Ledger(Inventory(())), doc, mono, wall)
@@ -312,3 +314,18 @@ def test_the_moves_are_written_before_anything_else_happens_after_their_eviction
     assert ev.sent == ["mover"]
     doc = stored_doc(h)  # written although the step never ended
     assert [m["pod"] for m in doc["moves"]] == ["ns/mover"] and len(doc["evictions"]) == 1
+
+
+def test_an_unchanged_state_is_not_written_again_however_the_two_clocks_jitter() -> None:
+    h = Harness({})
+    readings = iter(range(1000))
+    mono = lambda: 1000.0 + next(readings) * 0.25  # noqa: E731
+    # The wall clock read a few hundred microseconds apart from the monotonic one, differently each time.
+    jitter = iter([0.0004, 0.0, 0.0007, 0.0002] * 250)
+    wall = lambda: 1.8e9 + mono() + next(jitter)  # noqa: E731
+    sync = RoomSync(RoomStore(h.writer, ROOM_NAMESPACE), mono=mono, wall=wall)
+    p = populated()
+    sync.restore_once(Preemption(), h.ctl.ledger)  # a leadership begins (nothing stored yet)
+    for _ in range(20):
+        sync.save(p)
+    assert writes_of_map(h) == ["POST"]

@@ -33,7 +33,7 @@ def document() -> dict[str, Any]:
 
 
 def test_every_promise_is_a_row_naming_the_pod_the_node_and_the_devices() -> None:
-    held = held_rows([document()])
+    held = held_rows(document())
     rows = {(r.why, r.pod, r.node, r.devices) for r in held.rows}
     assert rows == {
         ("preemption", "ns/urgent", "n1", ("gpu-0-mig-3g20gb-9-4",)),
@@ -43,15 +43,16 @@ def test_every_promise_is_a_row_naming_the_pod_the_node_and_the_devices() -> Non
     text = "\n".join(held_lines(held))
     assert "ns/urgent: preemption on n1: gpu-0-mig-3g20gb-9-4; 2 evicted pod(s) still ending" in text
     assert "moved from n2 to make room for ns/big" in text
-    assert [r["for"] for r in held_document(held_rows([document()], node="n3"))] == ["ns/mover-2"]
+    assert [r["for"] for r in held_document(held_rows(document(), node="n3"))] == ["ns/mover-2"]
 
 
 def test_nothing_held_says_nothing_and_a_bad_entry_is_skipped_and_counted() -> None:
-    assert held_lines(held_rows([])) == [] and held_lines(held_rows([None, {"schema": 1}])) == []
+    assert held_lines(held_rows(None)) == [] and held_lines(held_rows({"schema": 1})) == []
+    assert held_rows("not a document").skipped == 1
     doc = document()
     doc["nominations"].append({"pod": "ns/x", "node": 7, "devices": []})
     doc["moves"].append("not an object")
     doc["targets"] = {"not": "a list"}
-    held = held_rows([doc])
+    held = held_rows(doc)
     assert held.skipped == 2 and {r.why for r in held.rows} == {"preemption", "move destination"}
     assert "  (2 entries of the room state could not be read)" in held_lines(held)

@@ -4,43 +4,55 @@ ones still inside a long call named and left, so SIGTERM ends the process before
 from __future__ import annotations
 
 import threading
-import time
+from dataclasses import dataclass, field
 
 from driver.looprunner import LoopRunner
 from kubeletplugin.agent.shutdown import stop_loops
 
 
-def test_two_loops_stuck_in_calls_cost_one_budget_and_are_named() -> None:
+@dataclass
+class Stuck:
+    """A loop inside a call that does not return: each join waits its whole timeout (on `clock`)."""
+
+    name: str
+    clock: list[float]
+    stopped: bool = False
+    waited: list[float] = field(default_factory=list)
+
+    def stop(self) -> None:
+        self.stopped = True
+
+    def join(self, timeout_s: float | None = None) -> None:
+        assert self.stopped, "joined before it was told to stop"
+        self.waited.append(timeout_s or 0.0)
+        self.clock[0] += timeout_s or 0.0
+
+    def alive(self) -> bool:
+        return True
+
+
+def test_loops_stuck_in_calls_share_one_budget_and_are_named() -> None:
+    now = [100.0]
+    loops = [Stuck("publisher", now), Stuck("reconcile", now), Stuck("health", now)]
+    assert stop_loops(loops, budget_s=10.0, clock=lambda: now[0]) == ["publisher", "reconcile", "health"]
+    assert [loop.waited for loop in loops] == [[10.0], [0.0], [0.0]]  # one budget, not one each
+    assert now[0] == 110.0
+
+
+def test_real_loops_stop_and_one_inside_a_call_is_left_and_named() -> None:
     release = threading.Event()
-    entered = [threading.Event(), threading.Event()]
+    entered = threading.Event()
 
-    def stuck(i: int) -> LoopRunner:
-        def body() -> None:
-            entered[i].set()
-            release.wait(30)  # a request to an API server that does not answer
+    def body() -> None:
+        entered.set()
+        release.wait(30)  # a request to an API server that does not answer
 
-        return LoopRunner(f"stuck-{i}", body, interval_s=0.01)
-
+    stuck = LoopRunner("stuck", body, interval_s=0.01)
     quick = LoopRunner("quick", lambda: None, interval_s=0.01)
-    runners = [stuck(0), quick, stuck(1)]
-    for r in runners:
+    for r in (stuck, quick):
         r.start()
-    assert all(e.wait(5) for e in entered)
-    started = time.monotonic()
-    still = stop_loops(runners, budget_s=0.5)
-    took = time.monotonic() - started
-    assert still == ["stuck-0", "stuck-1"]
-    assert took < 0.5 + 0.4  # one budget for both, not one each
+    assert entered.wait(5)
+    assert stop_loops([stuck, quick], budget_s=0.2) == ["stuck"]
     release.set()
-    for r in runners:
-        r.join(5)
-    assert not any(r.alive() for r in runners)
-
-
-def test_loops_that_stop_at_once_are_not_waited_for() -> None:
-    runners = [LoopRunner(f"l{i}", lambda: None, interval_s=0.01) for i in range(3)]
-    for r in runners:
-        r.start()
-    started = time.monotonic()
-    assert stop_loops(runners, budget_s=10.0) == []
-    assert time.monotonic() - started < 2.0
+    stuck.join(5)
+    assert not stuck.alive() and not quick.alive()
