@@ -156,14 +156,23 @@ def _leader_handover(ctx: FaultContext) -> tuple[bool, str]:
 
 
 def _mig_node(ctx: FaultContext, busiest: bool) -> SimNode:
-    """A MIG node: the one with the fewest GPU instances (room for a new one, so a prepare happens) or,
-    if `busiest`, the most (a running pod to delete, so an unprepare happens); ties at random. Never the
-    burst node for a prepare: gated bursts wait for its every free slot (a 35-minute soak missed there)."""
+    """A MIG node: the one with the fewest devices taken (room for a new one, so a prepare happens) or,
+    if `busiest`, the most GPU instances (a running pod to delete, so an unprepare happens); ties at
+    random. Never the burst node for a prepare: gated bursts wait for its every free slot (a 35-minute
+    soak missed there). Taken counts the devices allocated there too, not only the instances: pods
+    allocated and not yet prepared (after a controller crash, many of them) fill a node that has few
+    instances, and a prepare fault aimed at it missed twice in CI."""
     nodes = [n for n in ctx.cluster.nodes.values() if n.spec.mode == "mig"]
-    if not busiest:
-        nodes = [n for n in nodes if n.name != ctx.churn.pinned_node] or nodes
     ctx.rng.shuffle(nodes)
-    return sorted(nodes, key=lambda n: len(n.instances()), reverse=busiest)[0]
+    if busiest:
+        return sorted(nodes, key=lambda n: len(n.instances()), reverse=True)[0]
+    nodes = [n for n in nodes if n.name != ctx.churn.pinned_node] or nodes
+    allocated: dict[str, int] = {}
+    for claim in request(ctx.cluster.api, "GET", "/apis/resource.k8s.io/v1/resourceclaims")["items"]:
+        results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")
+        for result in results or ():
+            allocated[str(result.get("pool"))] = allocated.get(str(result.get("pool")), 0) + 1
+    return min(nodes, key=lambda n: max(len(n.instances()), allocated.get(n.name, 0)))
 
 
 def _plugin_crash(
